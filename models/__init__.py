@@ -1,0 +1,1 @@
+"""Model architectures as plain torch modules over the paged-KV attention interface."""

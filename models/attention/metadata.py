@@ -1,0 +1,34 @@
+"""Per-step attention metadata, built once by the model runner and shared by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    """One sequence that computes more than one token this step (a prompt chunk)."""
+
+    token_start: int  # first row of this span in the step's packed token batch
+    num_tokens: int
+    context_len: int  # tokens in the KV cache after this step, the span included
+    block_table: torch.Tensor  # [num_blocks] int64
+    # Bool mask [num_tokens, context_len]; None when the span is the whole context (plain causal).
+    mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where each new token's K/V goes and what each query attends to.
+
+    Decode tokens (one per sequence) come first in the packed batch, prefill spans after them,
+    so decodes are attended to as one batch and each prefill span on its own.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int64, padded with 0
+    decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    prefills: list[PrefillSpan]

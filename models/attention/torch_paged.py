@@ -1,0 +1,76 @@
+"""Paged attention in plain torch (CPU reference and default), via scaled_dot_product_attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.attention.metadata import AttentionMetadata
+
+
+class TorchPagedAttention:
+    """Gathers each sequence's K/V pages from the cache and runs SDPA over them.
+
+    The cache layout [2, kv_heads, blocks, block_size, head_dim] makes a block-table gather
+    yield [kv_heads, seqs, tokens, head_dim] without a transpose copy.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        kvh, num_blocks, block_size, hd = k_cache.shape
+        flat = (kvh, num_blocks * block_size, hd)
+        k_cache.view(flat).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.view(flat).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+
+        out = torch.empty(q.shape[0], self.num_heads * hd, dtype=q.dtype)
+        n = meta.num_decode_tokens
+        if n:
+            out[:n] = self._decode(q[:n], k_cache, v_cache, meta)
+        for span in meta.prefills:
+            rows = slice(span.token_start, span.token_start + span.num_tokens)
+            out[rows] = self._prefill(q[rows], k_cache, v_cache, span.block_table,
+                                      span.context_len, span.mask)
+        return out
+
+    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        # A decode step has one query per sequence, so the `group` query heads that share a KV
+        # head are laid out as that head's queries: no repeat of K/V for GQA is needed.
+        n = q.shape[0]
+        tables = meta.decode_block_tables
+        keys = _gather(k_cache, tables).transpose(0, 1)
+        values = _gather(v_cache, tables).transpose(0, 1)
+        q = q.view(n, self.num_kv_heads, self.group, self.head_dim)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.decode_mask,
+                                           scale=self.scale)
+        return o.reshape(n, -1)
+
+    def _prefill(self, q, k_cache, v_cache, table, context_len, mask) -> torch.Tensor:
+        keys = _gather(k_cache, table[None])[:, 0, :context_len]
+        values = _gather(v_cache, table[None])[:, 0, :context_len]
+        q = q.transpose(0, 1)[None]  # [1, heads, tokens, head_dim]
+        o = F.scaled_dot_product_attention(
+            q, keys[None], values[None], attn_mask=mask, is_causal=mask is None,
+            scale=self.scale, enable_gqa=True,
+        )
+        return o[0].transpose(0, 1).reshape(q.shape[2], -1)
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """[kv_heads, blocks, bs, hd] gathered by [seqs, max_blocks] -> [kv_heads, seqs, tokens, hd]."""
+    kvh, _, block_size, hd = cache.shape
+    seqs, max_blocks = tables.shape
+    return cache[:, tables].view(kvh, seqs, max_blocks * block_size, hd)

@@ -1,0 +1,140 @@
+"""Llama decoder (GQA, RoPE, RMSNorm, SwiGLU, tied embeddings) over paged attention.
+
+Loads SmolLM2 and other Llama-family GGUF files. Q/K and gate/up projections are fused into
+one matmul each, which matters at decode batch sizes where per-op overhead dominates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from models.rotary import RotaryEmbedding
+
+
+@dataclass(slots=True, frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int
+    tie_embeddings: bool = True
+
+    @classmethod
+    def from_gguf_fields(cls, field) -> LlamaConfig:
+        """Build from a GGUF metadata getter (`field(key, default)`)."""
+        arch = field("general.architecture")
+        hidden = int(field(f"{arch}.embedding_length"))
+        heads = int(field(f"{arch}.attention.head_count"))
+        return cls(
+            vocab_size=int(field(f"{arch}.vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(field(f"{arch}.feed_forward_length")),
+            num_layers=int(field(f"{arch}.block_count")),
+            num_heads=heads,
+            num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=int(field(f"{arch}.rope.dimension_count", hidden // heads)),
+            rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            max_position=int(field(f"{arch}.context_length")),
+        )
+
+
+@dataclass(slots=True)
+class LlamaLayer:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+class LlamaForCausalLM:
+    """Forward pass over a packed batch of tokens; K/V live in a paged cache owned by the runner."""
+
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype, attention: AttentionBackend | None = None) -> None:
+        self.config = config
+        self.dtype = dtype
+        c = config
+        self.embed = weights["embed"].to(dtype)
+        self.final_norm = weights["final_norm"].to(dtype)
+        self.lm_head = self.embed if c.tie_embeddings else weights["lm_head"].to(dtype)
+        self.layers = [
+            LlamaLayer(*(weights[f"layers.{i}.{name}"].to(dtype) for name in LlamaLayer.__slots__))
+            for i in range(c.num_layers)
+        ]
+        self.rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta).to(dtype)
+        self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        c = self.config
+        return (c.num_layers, 2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] after the final norm."""
+        c = self.config
+        eps = c.rms_norm_eps
+        h = F.embedding(input_ids, self.embed)
+        n = h.shape[0]
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (c.hidden_size,), layer.attn_norm, eps)
+            q, k, v = F.linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], -1)
+            q, k = self.rotary(positions, q.view(n, c.num_heads, c.head_dim),
+                               k.view(n, c.num_kv_heads, c.head_dim))
+            attn = self.attention.forward(q, k, v.view(n, c.num_kv_heads, c.head_dim),
+                                          kv_cache[i], meta)
+            h = h + F.linear(attn, layer.o)
+            x = F.rms_norm(h, (c.hidden_size,), layer.mlp_norm, eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down)
+        return F.rms_norm(h, (c.hidden_size,), self.final_norm, eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+
+_GGUF_NAMES = {
+    "attn_norm": "attn_norm", "ffn_norm": "mlp_norm", "attn_output": "o", "ffn_down": "down",
+}
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    # llama.cpp's converter interleaves Q/K rows for its RoPE layout; undo it for rotate-half.
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def weights_from_gguf(config: LlamaConfig,
+                      tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Map GGUF tensor names to this module's (fused) weights."""
+    raw = dict(tensors)
+    out = {"embed": raw.pop("token_embd.weight"), "final_norm": raw.pop("output_norm.weight")}
+    if "output.weight" in raw:
+        out["lm_head"] = raw.pop("output.weight")
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        q = _unpermute(raw.pop(p + "attn_q.weight"), config.num_heads)
+        k = _unpermute(raw.pop(p + "attn_k.weight"), config.num_kv_heads)
+        out[f"layers.{i}.qkv"] = torch.cat([q, k, raw.pop(p + "attn_v.weight")])
+        out[f"layers.{i}.gate_up"] = torch.cat([raw.pop(p + "ffn_gate.weight"),
+                                                raw.pop(p + "ffn_up.weight")])
+        for gguf_name, name in _GGUF_NAMES.items():
+            out[f"layers.{i}.{name}"] = raw.pop(f"{p}{gguf_name}.weight")
+    return out

@@ -1,0 +1,66 @@
+"""The model catalog: ids, aliases and where each model's weights come from."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from runtime.errors import ModelUnavailableError, UnknownModelError
+
+DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "catalog.yaml"
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSpec:
+    id: str
+    task: str
+    architecture: str
+    weights: str | None
+    context_window: int
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    size_tier: str = "small"
+    runnable: bool = True
+    extra: dict = field(default_factory=dict)  # fields later features read (prices, config, …)
+
+
+class Catalog:
+    def __init__(self, specs: list[ModelSpec]) -> None:
+        self.specs = specs
+        self._by_name: dict[str, ModelSpec] = {}
+        for spec in specs:
+            for name in (spec.id, *spec.aliases):
+                if name in self._by_name:
+                    raise ValueError(f"catalog names {name!r} twice")
+                self._by_name[name] = spec
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Catalog:
+        path = Path(path or os.environ.get("EDGEFIRE_CATALOG") or DEFAULT_CATALOG)
+        entries = yaml.safe_load(path.read_text())["models"]
+        known = set(ModelSpec.__slots__) - {"extra"}
+        specs = []
+        for entry in entries:
+            fields = {k: v for k, v in entry.items() if k in known}
+            fields["aliases"] = tuple(fields.get("aliases", ()))
+            extra = {k: v for k, v in entry.items() if k not in known}
+            specs.append(ModelSpec(**fields, extra=extra))
+        return cls(specs)
+
+    def get(self, name: str) -> ModelSpec:
+        """The spec for an id or alias; UnknownModelError if absent."""
+        spec = self._by_name.get(name)
+        if spec is None:
+            raise UnknownModelError(f"no such model {name!r}", field="model")
+        return spec
+
+    def get_runnable(self, name: str) -> ModelSpec:
+        spec = self.get(name)
+        if not spec.runnable or not spec.weights:
+            raise ModelUnavailableError(
+                f"{spec.id} is listed for planning only and cannot run on this machine",
+                field="model")
+        return spec

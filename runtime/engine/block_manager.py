@@ -1,0 +1,141 @@
+"""KV block manager: a preallocated pool of fixed-size pages with hash-chain prefix caching.
+
+Free blocks sit in an LRU queue. A freed block keeps its prefix hash until it is handed out
+again, so a later request with the same prefix (and the same salt) can take it back: eviction
+is simply reuse of the least recently freed block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from runtime.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None
+
+
+def hash_block(parent: bytes, salt: bytes, token_ids: list[int]) -> bytes:
+    """Chain hash of one full block; the salt enters every link, so accounts never collide."""
+    h = hashlib.sha256(parent)
+    h.update(salt)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        assert num_blocks > 0 and block_size > 0
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[bytes, int] = {}
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def update_hashes(self, seq: Sequence) -> None:
+        """Extend seq.block_hashes over every full block of its known tokens."""
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_tokens // bs):
+            parent = seq.block_hashes[i - 1] if i else b""
+            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            seq.block_hashes.append(hash_block(parent, seq.salt, tokens))
+
+    def find_cached_blocks(self, seq: Sequence) -> list[int]:
+        """Longest run of cached blocks for seq's prefix; no side effects on the pool.
+
+        Capped one token short of the sequence so the last token is always computed: its
+        logits are needed to sample.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self.update_hashes(seq)
+        limit = (seq.num_tokens - 1) // self.block_size
+        hits = []
+        for block_hash in seq.block_hashes[:limit]:
+            block_id = self.cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
+        """Give seq the blocks for num_new_tokens more tokens, first taking `cached` prefix blocks.
+
+        Returns False, changing nothing, if the pool cannot supply them.
+        """
+        num_cached_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        have = len(seq.block_table) + len(cached)
+        num_needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - have
+        if max(num_needed, 0) + num_cached_free > self.num_free_blocks:
+            return False
+        for block_id in cached:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+        seq.block_table.extend(cached)
+        for _ in range(num_needed):
+            seq.block_table.append(self._pop_free())
+        return True
+
+    def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.num_prefix_queried_tokens += num_query_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Publish seq's fully computed blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        self.update_hashes(seq)
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        for i in range(num_full):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is not None:
+                continue
+            block_hash = seq.block_hashes[i]
+            # An identical block computed by another sequence may already be published; block
+            # tables are append-only, so the duplicate simply stays private.
+            if block_hash not in self.cached:
+                self.cached[block_hash] = block.block_id
+                block.block_hash = block_hash
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks; tail blocks are queued first so they are evicted first."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        seq.block_table = []
+
+    def _pop_free(self) -> int:
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id

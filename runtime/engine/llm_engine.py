@@ -1,0 +1,120 @@
+"""The synchronous engine core: validate and queue requests, run steps, emit outputs."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from runtime.engine.block_manager import BlockManager
+from runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
+from runtime.engine.output_processor import OutputProcessor
+from runtime.engine.outputs import RequestOutput
+from runtime.engine.sampler import Sampler
+from runtime.engine.sampling_params import SamplingParams
+from runtime.engine.scheduler import Scheduler, SchedulerConfig
+from runtime.engine.sequence import Sequence
+from runtime.errors import ContextLengthError, InvalidInputError
+from runtime.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_model_len: int = 8192
+    block_size: int = 16
+    kv_cache_bytes: int = 1 << 30  # the KV pool is sized from this budget
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    enable_prefix_caching: bool = True
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, config: EngineConfig,
+                 vocab_size: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model, config.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds no KV block")
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.sampler = Sampler()
+        self.outputs = OutputProcessor(tokenizer)
+        self.requests: dict[str, Sequence] = {}
+        self.stop_token_ids = frozenset(tokenizer.stop_token_ids)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, salt: bytes = b"") -> Sequence:
+        """Validate and queue a request; raises InvalidInputError without touching the batch."""
+        if request_id in self.requests:
+            raise InvalidInputError(f"request id {request_id!r} is already running",
+                                    field="request_id")
+        params.validate(self.vocab_size)
+        self._check_prompt(prompt_token_ids, params)
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
+                       generator, salt)
+        self.requests[request_id] = seq
+        self.outputs.add(seq)
+        self.scheduler.add(seq)
+        return seq
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidInputError("prompt is empty", field="prompt")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            raise InvalidInputError(f"prompt token ids must be in [0, {self.vocab_size})",
+                                    field="prompt")
+        limit = self.config.max_model_len
+        if len(ids) >= limit:
+            raise ContextLengthError(
+                f"prompt has {len(ids)} tokens; the model's context window is {limit} tokens",
+                field="prompt")
+        # A request must fit the KV pool on its own, or preemption could never make room for it.
+        need = self.blocks.num_blocks_for(min(len(ids) + params.max_tokens, limit))
+        if need > self.blocks.num_blocks:
+            raise ContextLengthError(
+                f"prompt plus max_tokens needs {need} KV blocks; this node's pool has "
+                f"{self.blocks.num_blocks}", field="max_tokens")
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request and free its KV blocks now; unknown or finished ids are ignored."""
+        seq = self.requests.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq, "abort")
+            self.outputs.remove(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        sample_seqs, logits = self.runner.execute(batch)
+        tokens = self.sampler(logits, sample_seqs)
+        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.blocks.cache_full_blocks(seq)
+        outputs = []
+        for seq, token in zip(sample_seqs, tokens, strict=True):
+            seq.token_ids.append(token)
+            output = self.outputs.update(seq, token, self._finish_reason(seq, token))
+            if output.finished:
+                self.scheduler.finish(seq, output.finish_reason)
+                del self.requests[seq.request_id]
+            outputs.append(output)
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if not p.ignore_eos and token in self.stop_token_ids or token in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,99 @@
+"""Turns a scheduled batch into model inputs, runs the forward pass and returns logits."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from models.attention import AttentionMetadata, PrefillSpan
+from runtime.engine.scheduler import ScheduledBatch
+from runtime.engine.sequence import Sequence
+
+
+class CausalLM(Protocol):
+    dtype: torch.dtype
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]: ...
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
+    shape = model.kv_cache_shape(1, block_size)
+    return torch.Size(shape).numel() * torch.empty(0, dtype=model.dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.kv_cache = torch.zeros(model.kv_cache_shape(num_blocks, block_size),
+                                    dtype=model.dtype)
+
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+        """Run one step; return the sequences that reached a new token and their logits."""
+        # Decodes (one new token) first: the attention backend batches them as one group.
+        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_scheduled_tokens[i] > 1)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillSpan] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        bs = self.block_size
+        for i in order:
+            seq, n = batch.seqs[i], batch.num_scheduled_tokens[i]
+            start = seq.num_computed_tokens
+            end = start + n
+            row = len(input_ids)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if n == 1:
+                decode_tables.append(table)
+                decode_lens.append(end)
+            else:
+                prefills.append(_prefill_span(row, n, end, table))
+            if end == seq.num_tokens:
+                sample_rows.append(row + n - 1)
+                sample_seqs.append(seq)
+
+        tables = _pad(decode_tables)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            num_decode_tokens=len(decode_tables),
+            decode_block_tables=tables,
+            decode_mask=_decode_mask(decode_lens, tables.shape[1] * bs),
+            prefills=prefills,
+        )
+        hidden = self.model.forward(torch.tensor(input_ids), torch.tensor(positions), meta,
+                                    self.kv_cache)
+        logits = self.model.compute_logits(hidden[sample_rows])
+        return sample_seqs, logits
+
+
+def _prefill_span(row: int, n: int, context_len: int, table: list[int]) -> PrefillSpan:
+    mask = None
+    if context_len > n:  # earlier chunks or a prefix-cache hit precede this span
+        keys = torch.arange(context_len)
+        queries = torch.arange(context_len - n, context_len)
+        mask = keys[None, :] <= queries[:, None]
+    return PrefillSpan(row, n, context_len, torch.tensor(table, dtype=torch.long), mask)
+
+
+def _pad(tables: list[list[int]]) -> torch.Tensor:
+    width = max((len(t) for t in tables), default=0)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                        dtype=torch.long).view(len(tables), width)
+
+
+def _decode_mask(context_lens: list[int], width: int) -> torch.Tensor:
+    lens = torch.tensor(context_lens, dtype=torch.long)
+    return (torch.arange(width)[None, :] < lens[:, None])[:, None, None, :]

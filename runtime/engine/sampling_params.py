@@ -1,0 +1,67 @@
+"""Per-request sampling parameters, mirroring Workers AI text-generation inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.errors import InvalidInputError
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Defaults follow Workers AI (max_tokens 256, temperature 0.6); temperature 0 is greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidInputError naming the first field that is out of range."""
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
+               "must be an integer >= 1")
+        _check(_number(self.temperature) and 0.0 <= self.temperature <= 5.0, "temperature",
+               "must be between 0 and 5")
+        _check(_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
+               "must be in (0, 1]")
+        _check(isinstance(self.top_k, int) and 0 <= self.top_k <= vocab_size, "top_k",
+               f"must be an integer between 0 and {vocab_size}")
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
+               "seed", "must be a non-negative integer")
+        _check(_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0,
+               "repetition_penalty", "must be in (0, 2]")
+        _check(_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+               "frequency_penalty", "must be between -2 and 2")
+        _check(_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+               "presence_penalty", "must be between -2 and 2")
+        _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
+               "stop", "must be a list of non-empty strings")
+        _check(all(isinstance(t, int) and 0 <= t < vocab_size for t in self.stop_token_ids),
+               "stop_token_ids", f"must be token ids below {vocab_size}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def _check(ok: bool, name: str, rule: str) -> None:
+    if not ok:
+        raise InvalidInputError(f"{name} {rule}", field=name)
