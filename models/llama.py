@@ -60,22 +60,44 @@ class LlamaLayer:
     down: torch.Tensor
 
 
+@dataclass(slots=True)
+class LlamaWeights:
+    """The whole model's weights in one compute dtype."""
+
+    embed: torch.Tensor
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+    layers: list[LlamaLayer]
+    rotary: RotaryEmbedding
+
+    @classmethod
+    def build(cls, config: LlamaConfig, weights: dict[str, torch.Tensor],
+              dtype: torch.dtype) -> LlamaWeights:
+        embed = weights["embed"].to(dtype)
+        layers = [
+            LlamaLayer(*(weights[f"layers.{i}.{name}"].to(dtype) for name in LlamaLayer.__slots__))
+            for i in range(config.num_layers)
+        ]
+        lm_head = embed if config.tie_embeddings else weights["lm_head"].to(dtype)
+        rotary = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta)
+        return cls(embed, weights["final_norm"].to(dtype), lm_head, layers, rotary.to(dtype))
+
+
 class LlamaForCausalLM:
-    """Forward pass over a packed batch of tokens; K/V live in a paged cache owned by the runner."""
+    """Forward pass over a packed batch of tokens; K/V live in a paged cache owned by the runner.
+
+    Weights may be held in several compute dtypes (float32 and bfloat16 on CPU): the caller picks
+    one per step, since on CPU the faster dtype depends on how many tokens the step carries.
+    """
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype, attention: AttentionBackend | None = None) -> None:
+                 dtypes: tuple[torch.dtype, ...], kv_dtype: torch.dtype | None = None,
+                 attention: AttentionBackend | None = None) -> None:
         self.config = config
-        self.dtype = dtype
         c = config
-        self.embed = weights["embed"].to(dtype)
-        self.final_norm = weights["final_norm"].to(dtype)
-        self.lm_head = self.embed if c.tie_embeddings else weights["lm_head"].to(dtype)
-        self.layers = [
-            LlamaLayer(*(weights[f"layers.{i}.{name}"].to(dtype) for name in LlamaLayer.__slots__))
-            for i in range(c.num_layers)
-        ]
-        self.rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta).to(dtype)
+        self.params = {dtype: LlamaWeights.build(c, weights, dtype) for dtype in dtypes}
+        self.dtypes = dtypes
+        self.kv_dtype = kv_dtype or dtypes[0]
         self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
@@ -85,29 +107,31 @@ class LlamaForCausalLM:
         return (c.num_layers, 2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] after the final norm."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] after the final norm, in `dtype`."""
         c = self.config
+        w = self.params[dtype or self.dtypes[0]]
         eps = c.rms_norm_eps
-        h = F.embedding(input_ids, self.embed)
+        h = F.embedding(input_ids, w.embed)
         n = h.shape[0]
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(w.layers):
             x = F.rms_norm(h, (c.hidden_size,), layer.attn_norm, eps)
             q, k, v = F.linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], -1)
-            q, k = self.rotary(positions, q.view(n, c.num_heads, c.head_dim),
-                               k.view(n, c.num_kv_heads, c.head_dim))
+            q, k = w.rotary(positions, q.view(n, c.num_heads, c.head_dim),
+                            k.view(n, c.num_kv_heads, c.head_dim))
             attn = self.attention.forward(q, k, v.view(n, c.num_kv_heads, c.head_dim),
                                           kv_cache[i], meta)
             h = h + F.linear(attn, layer.o)
             x = F.rms_norm(h, (c.hidden_size,), layer.mlp_norm, eps)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.down)
-        return F.rms_norm(h, (c.hidden_size,), self.final_norm, eps)
+        return F.rms_norm(h, (c.hidden_size,), w.final_norm, eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
+        return F.linear(hidden, self.params[hidden.dtype].lm_head).float()
 
 
 _GGUF_NAMES = {

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-import torch
-
 from runtime.catalog import Catalog
 from runtime.engine.llm_engine import EngineConfig, LLMEngine
 from runtime.engine.outputs import Usage
@@ -25,12 +23,15 @@ class GenerationResult:
 
 
 class LLM:
-    def __init__(self, model: str, *, dtype: torch.dtype = torch.float32,
+    def __init__(self, model: str, *, dtype: str | None = None,
                  engine_config: EngineConfig | None = None, catalog: Catalog | None = None):
+        """dtype ("auto", "float32", "bfloat16") overrides engine_config.dtype."""
         spec = (catalog or Catalog.load()).get_runnable(model)
-        loaded = load_text_model(spec, dtype)
-        self.tokenizer = loaded.tokenizer
         config = engine_config or EngineConfig()
+        if dtype is not None:
+            config = replace(config, dtype=dtype)
+        loaded = load_text_model(spec, config.precision)
+        self.tokenizer = loaded.tokenizer
         config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len))
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.vocab_size)
         self._ids = itertools.count()

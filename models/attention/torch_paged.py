@@ -33,8 +33,9 @@ class TorchPagedAttention:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         kvh, num_blocks, block_size, hd = k_cache.shape
         flat = (kvh, num_blocks * block_size, hd)
-        k_cache.view(flat).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        v_cache.view(flat).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        # The cache may be stored in a narrower dtype than this step computes in.
+        k_cache.view(flat).index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+        v_cache.view(flat).index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
 
         out = torch.empty(q.shape[0], self.num_heads * hd, dtype=q.dtype)
         n = meta.num_decode_tokens
@@ -47,23 +48,25 @@ class TorchPagedAttention:
         return out
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        # A decode step has one query per sequence, so the `group` query heads that share a KV
-        # head are laid out as that head's queries: no repeat of K/V for GQA is needed.
+        # One query per sequence. The KV head is taken as SDPA's batch dim and the sequence as
+        # its head dim, so the gathered [kv_heads, seqs, tokens, head_dim] pages are used as
+        # they lie (SDPA on CPU is slow on non-contiguous K/V), and the `group` query heads
+        # sharing a KV head become that head's queries: GQA without repeating K/V.
         n = q.shape[0]
         tables = meta.decode_block_tables
-        keys = _gather(k_cache, tables).transpose(0, 1)
-        values = _gather(v_cache, tables).transpose(0, 1)
-        q = q.view(n, self.num_kv_heads, self.group, self.head_dim)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.decode_mask,
-                                           scale=self.scale)
-        return o.reshape(n, -1)
+        keys = _gather(k_cache, tables).to(q.dtype)
+        values = _gather(v_cache, tables).to(q.dtype)
+        q = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)
+        o = F.scaled_dot_product_attention(q.contiguous(), keys, values,
+                                           attn_mask=meta.decode_mask, scale=self.scale)
+        return o.transpose(0, 1).reshape(n, -1)
 
     def _prefill(self, q, k_cache, v_cache, table, context_len, mask) -> torch.Tensor:
-        keys = _gather(k_cache, table[None])[:, 0, :context_len]
-        values = _gather(v_cache, table[None])[:, 0, :context_len]
+        keys = _gather(k_cache, table[None])[:, :, :context_len].transpose(0, 1)
+        values = _gather(v_cache, table[None])[:, :, :context_len].transpose(0, 1)
         q = q.transpose(0, 1)[None]  # [1, heads, tokens, head_dim]
         o = F.scaled_dot_product_attention(
-            q, keys[None], values[None], attn_mask=mask, is_causal=mask is None,
+            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, is_causal=mask is None,
             scale=self.scale, enable_gqa=True,
         )
         return o[0].transpose(0, 1).reshape(q.shape[2], -1)
@@ -73,4 +76,7 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """[kv_heads, blocks, bs, hd] gathered by [seqs, max_blocks] -> [kv_heads, seqs, tokens, hd]."""
     kvh, _, block_size, hd = cache.shape
     seqs, max_blocks = tables.shape
-    return cache[:, tables].view(kvh, seqs, max_blocks * block_size, hd)
+    # index_select, not cache[:, tables]: advanced indexing on an inner dim takes a slow path
+    # whose cost grows with the whole cache, not with the blocks read.
+    picked = cache.index_select(1, tables.reshape(-1))
+    return picked.view(kvh, seqs, max_blocks * block_size, hd)

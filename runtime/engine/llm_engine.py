@@ -11,6 +11,7 @@ from runtime.engine.block_manager import BlockManager
 from runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
 from runtime.engine.output_processor import OutputProcessor
 from runtime.engine.outputs import RequestOutput
+from runtime.engine.precision import Precision
 from runtime.engine.sampler import Sampler
 from runtime.engine.sampling_params import SamplingParams
 from runtime.engine.scheduler import Scheduler, SchedulerConfig
@@ -27,6 +28,12 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
+    dtype: str = "auto"  # "float32", "bfloat16", or "auto": chosen per step by its token count
+    auto_bfloat16_min_tokens: int = 8
+
+    @property
+    def precision(self) -> Precision:
+        return Precision.parse(self.dtype, self.auto_bfloat16_min_tokens)
 
 
 class LLMEngine:
@@ -41,7 +48,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
-        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.precision)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(tokenizer)
         self.requests: dict[str, Sequence] = {}
@@ -53,16 +60,24 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidInputError(f"request id {request_id!r} is already running",
                                     field="request_id")
+        seq = self.prepare(request_id, prompt_token_ids, params, salt)
+        self.enqueue(seq)
+        return seq
+
+    def prepare(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                salt: bytes = b"") -> Sequence:
+        """Validate a request into a Sequence; reads only constants, so any thread may call it."""
         params.validate(self.vocab_size)
         self._check_prompt(prompt_token_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
-        seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
-                       generator, salt)
-        self.requests[request_id] = seq
+        return Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
+                        generator, salt)
+
+    def enqueue(self, seq: Sequence) -> None:
+        self.requests[seq.request_id] = seq
         self.outputs.add(seq)
         self.scheduler.add(seq)
-        return seq
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:

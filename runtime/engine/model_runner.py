@@ -7,32 +7,36 @@ from typing import Protocol
 import torch
 
 from models.attention import AttentionMetadata, PrefillSpan
+from runtime.engine.precision import Precision
 from runtime.engine.scheduler import ScheduledBatch
 from runtime.engine.sequence import Sequence
 
 
 class CausalLM(Protocol):
-    dtype: torch.dtype
+    kv_dtype: torch.dtype
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]: ...
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor: ...
+                meta: AttentionMetadata, kv_cache: torch.Tensor,
+                dtype: torch.dtype | None = None) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
     shape = model.kv_cache_shape(1, block_size)
-    return torch.Size(shape).numel() * torch.empty(0, dtype=model.dtype).element_size()
+    return torch.Size(shape).numel() * model.kv_dtype.itemsize
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
+                 precision: Precision) -> None:
         self.model = model
         self.block_size = block_size
+        self.precision = precision
         self.kv_cache = torch.zeros(model.kv_cache_shape(num_blocks, block_size),
-                                    dtype=model.dtype)
+                                    dtype=model.kv_dtype)
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that reached a new token and their logits."""
@@ -73,8 +77,9 @@ class ModelRunner:
             decode_mask=_decode_mask(decode_lens, tables.shape[1] * bs),
             prefills=prefills,
         )
+        dtype = self.precision.for_step(len(input_ids))
         hidden = self.model.forward(torch.tensor(input_ids), torch.tensor(positions), meta,
-                                    self.kv_cache)
+                                    self.kv_cache, dtype)
         logits = self.model.compute_logits(hidden[sample_rows])
         return sample_seqs, logits
 
@@ -96,4 +101,4 @@ def _pad(tables: list[list[int]]) -> torch.Tensor:
 
 def _decode_mask(context_lens: list[int], width: int) -> torch.Tensor:
     lens = torch.tensor(context_lens, dtype=torch.long)
-    return (torch.arange(width)[None, :] < lens[:, None])[:, None, None, :]
+    return (torch.arange(width)[None, :] < lens[:, None])[None, :, None, :]

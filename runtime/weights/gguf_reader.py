@@ -26,8 +26,8 @@ class GGUFWeights:
         """Yield (name, tensor) with GGUF names, shaped (out, in) like torch weights."""
         for tensor in self.reader.tensors:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-            array = np.ascontiguousarray(array, dtype=np.float32)
-            yield tensor.name, torch.from_numpy(array).to(dtype)
+            # F32 tensors come back as read-only views of the memory-mapped file: copy them.
+            yield tensor.name, torch.tensor(np.asarray(array, dtype=np.float32), dtype=dtype)
 
 
 def read_gguf(path: str | Path) -> GGUFWeights:

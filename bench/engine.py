@@ -1,0 +1,268 @@
+"""Benchmark the offline engine on SmolLM2-135M against HF transformers and llama.cpp.
+
+Run: PYTHONPATH=. .venv/bin/python bench/engine.py [--quick]
+Progress goes to stderr; the last stdout line is one JSON object, also written, with a
+markdown table, to bench/results/engine.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench._common import (
+    log,
+    machine_info,
+    make_prompts,
+    markdown_table,
+    peak_rss_mib,
+    percentiles,
+    prompt_lengths,
+    rate,
+    ratio,
+    write_results,
+)
+from bench.peers import llama_bin, run_hf, run_llama
+from runtime import LLM, EngineConfig, SamplingParams
+from runtime.catalog import Catalog
+from runtime.weights import resolve_source
+
+MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
+PROMPT_RANGE = (64, 512)
+TARGETS = {"batch_vs_llama_cpp": 3.0, "batch_vs_hf": 1.5, "single_decode_vs_llama_cpp": 0.7,
+           "prefill_vs_llama_cpp": 5.0}
+
+
+@dataclass(slots=True)
+class Trace:
+    """Token arrival times (seconds since all requests were submitted) per request."""
+
+    wall_s: float
+    arrivals: dict[str, list[float]] = field(default_factory=dict)
+    cached_tokens: int = 0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", default=None, help="comma list (default 1,8,32,64)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (quick: 32)")
+    p.add_argument("--quick", action="store_true", help="smoke run: C=1,4 and 32 new tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--skip-hf-above", type=int, default=None, metavar="N",
+                   help="skip the HF peer for concurrency above N")
+    p.add_argument("--skip-llama", action="store_true")
+    p.add_argument("--llama-bin", default=None, help="folder with llama-batched-bench/-bench")
+    p.add_argument("--build-llama", action="store_true",
+                   help="run ../shared/peers/build-llama-cpp if the tools are missing")
+    p.add_argument("--llama-reps", type=int, default=None, help="llama-bench -r (default 3)")
+    args = p.parse_args()
+    default_c = "1,4" if args.quick else "1,8,32,64"
+    args.concurrency = [int(c) for c in (args.concurrency or default_c).split(",")]
+    args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 128)
+    args.llama_reps = args.llama_reps or (1 if args.quick else 3)
+    return args
+
+
+def drive(llm: LLM, prompts: list[list[int]], max_tokens: int, tag: str) -> Trace:
+    """Submit every prompt at t=0, then step the engine until all finish."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    trace = Trace(0.0, {f"{tag}-{i}": [] for i in range(len(prompts))})
+    start = time.perf_counter()
+    for request_id, prompt in zip(trace.arrivals, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished():
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for out in outputs:
+            trace.arrivals[out.request_id].extend([now] * len(out.token_ids))
+            if out.finished and out.usage is not None:
+                trace.cached_tokens += out.usage.cached_tokens
+    trace.wall_s = time.perf_counter() - start
+    return trace
+
+
+def summarize(trace: Trace, prefill: Trace, prompts: list[list[int]],
+              prefill_tokens: int) -> dict:
+    times = list(trace.arrivals.values())
+    generated = sum(len(t) for t in times)
+    gaps = [float(g) for t in times for g in np.diff(t)]
+    decode_rates = [(len(t) - 1) / (t[-1] - t[0]) for t in times if len(t) > 1 and t[-1] > t[0]]
+    decode_tok_s = round(float(np.mean(decode_rates)), 2) if decode_rates else None
+    return {
+        "requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
+        "output_tokens": generated, "wall_s": round(trace.wall_s, 3),
+        "output_tok_s": rate(generated, trace.wall_s),
+        "prefill_tok_s": rate(prefill_tokens, prefill.wall_s),
+        "prefill_wall_s": round(prefill.wall_s, 3),
+        "per_request_decode_tok_s": decode_tok_s,
+        "ttft_ms": percentiles([t[0] for t in times if t], 1000),
+        "itl_ms": percentiles(gaps, 1000),
+        "end_s": percentiles([t[-1] for t in times if t]),
+        "cached_tokens": trace.cached_tokens + prefill.cached_tokens,
+    }
+
+
+def run_edgefire(llm: LLM, workloads: dict[int, list[list[int]]], max_new: int,
+                 seed: int) -> dict[str, dict]:
+    encode = _encoder(llm)
+    drive(llm, make_prompts(encode, [64, 200], seed + 2, "warmup"), 4, "warmup")
+    per_c = {}
+    for c, prompts in workloads.items():
+        # Same lengths, different text: the prefix cache must not serve the main run.
+        prefill_prompts = make_prompts(encode, [len(p) for p in prompts], seed + 1, f"pf{c}")
+        prefill = drive(llm, prefill_prompts, 1, f"prefill-c{c}")
+        trace = drive(llm, prompts, max_new, f"run-c{c}")
+        per_c[str(c)] = summarize(trace, prefill, prompts, sum(map(len, prefill_prompts)))
+        row = per_c[str(c)]
+        log(f"edgefire C={c}: out {row['output_tok_s']} tok/s, prefill {row['prefill_tok_s']} "
+            f"tok/s, TTFT {row['ttft_ms']} ms, ITL {row['itl_ms']} ms")
+    return per_c
+
+
+def _encoder(llm: LLM) -> Callable[[str], list[int]]:
+    return lambda text: llm.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _get(d: dict | None, *keys: str) -> float | None:
+    for key in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d  # type: ignore[return-value]
+
+
+def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
+    ef, hf, ll = result["edgefire"]["per_concurrency"], result["hf"], result["llama_cpp"]
+    ref = str(ref_c)
+    ll_single_tg = _get(ll, "single", "decode_tok_s") or _get(ll, "batched", "1", "decode_tok_s")
+    ratios = {
+        "reference_concurrency": ref_c,
+        "batch_vs_llama_cpp": ratio(_get(ef, ref, "output_tok_s"),
+                                    _get(ll, "batched", ref, "output_tok_s")),
+        "batch_vs_llama_cpp_s_tg": ratio(_get(ef, ref, "output_tok_s"),
+                                         _get(ll, "batched", ref, "decode_tok_s")),
+        "batch_vs_hf": ratio(_get(ef, ref, "output_tok_s"),
+                             _get(hf, "per_concurrency", ref, "output_tok_s")),
+        "single_decode_vs_llama_cpp": ratio(_get(ef, "1", "per_request_decode_tok_s"),
+                                            ll_single_tg),
+        "prefill_vs_llama_cpp": ratio(_get(ef, ref, "prefill_tok_s"),
+                                      _get(ll, "batched", ref, "prefill_tok_s")),
+        "prefill_c1_vs_llama_cpp_single": ratio(_get(ef, "1", "prefill_tok_s"),
+                                                _get(ll, "single", "prefill_tok_s")),
+    }
+    targets = {name: {"target": goal, "ratio": ratios[name],
+                      "met": None if ratios[name] is None else ratios[name] >= goal}
+               for name, goal in TARGETS.items()}
+    return ratios, targets
+
+
+def render_markdown(result: dict) -> str:
+    ef, hf = result["edgefire"]["per_concurrency"], result["hf"]
+    ll = result["llama_cpp"]
+    rows = []
+    for c in result["workload"]["concurrency"]:
+        e = ef[str(c)]
+        rows.append([c, e["output_tok_s"], e["prefill_tok_s"],
+                     f"{e['ttft_ms']['p50']} / {e['ttft_ms']['p99']}",
+                     f"{e['itl_ms']['p50']} / {e['itl_ms']['p99']}",
+                     _get(hf, "per_concurrency", str(c), "output_tok_s"),
+                     _get(ll, "batched", str(c), "output_tok_s"),
+                     _get(ll, "batched", str(c), "decode_tok_s"),
+                     _get(ll, "batched", str(c), "prefill_tok_s")])
+    header = ["C", "edgefire out tok/s", "edgefire prefill tok/s", "TTFT p50/p99 ms",
+              "ITL p50/p99 ms", f"HF ({hf.get('dtype', 'n/a')}) tok/s", "llama.cpp out tok/s",
+              "llama.cpp S_TG", "llama.cpp S_PP"]
+    table = markdown_table(header, rows)
+    targets = markdown_table(["ratio", "value", "target", "met"], [
+        [name, t["ratio"], f">= {t['target']}", t["met"]] for name, t in result["targets"].items()])
+    w = result["workload"]
+    return (f"SmolLM2-135M-Instruct (Q4_1 GGUF), {w['max_new_tokens']} new tokens, prompts "
+            f"{w['prompt_len_range'][0]}-{w['prompt_len_range'][1]} tokens, "
+            f"{result['machine']['cpu_count']} CPUs, {w['threads']} threads. "
+            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB.\n\n"
+            f"{table}\n{targets}")
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    machine = machine_info()
+    gguf = Path(resolve_source(Catalog.load().get_runnable(MODEL).weights))
+    config = EngineConfig(kv_cache_bytes=3 << 30, max_num_seqs=64, max_num_batched_tokens=1024)
+    log(f"loading {MODEL} from {gguf}")
+    llm = LLM(MODEL, engine_config=config)
+    encode = _encoder(llm)
+    workloads = {c: make_prompts(encode, prompt_lengths(c, *PROMPT_RANGE, args.seed + c),
+                                 args.seed + c, f"c{c}") for c in args.concurrency}
+    ref_c = 32 if 32 in workloads else max(workloads)
+    edgefire = {"engine_config": asdict(llm.engine.config),
+                "per_concurrency": run_edgefire(llm, workloads, args.max_new_tokens, args.seed)}
+    edgefire["peak_rss_mib"] = peak_rss_mib()
+    del llm
+    gc.collect()
+    result = {
+        "bench": "engine", "model": MODEL, "gguf": str(gguf), "quick": args.quick,
+        "workload": {"concurrency": args.concurrency, "prompt_len_range": list(PROMPT_RANGE),
+                     "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                     "greedy": True, "ignore_eos": True, "threads": args.threads},
+        "machine": machine, "edgefire": edgefire,
+        "llama_cpp": llama_peer(args, gguf, workloads),
+        "hf": hf_peer(args, gguf, workloads, ref_c),
+        "notes": "edgefire/HF peak RSS is ru_maxrss of this process (edgefire's is taken before "
+                 "HF loads; HF's includes everything before it); llama.cpp's is each tool's "
+                 "VmHWM",
+    }
+    result["ratios"], result["targets"] = compute_ratios(result, ref_c)
+    result["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    markdown = render_markdown(result)
+    log("\n" + markdown)
+    write_results("engine", result, markdown)
+
+
+def llama_peer(args: argparse.Namespace, gguf: Path, workloads: dict) -> dict:
+    if args.skip_llama:
+        return {"available": False, "note": "skipped (--skip-llama)"}
+    folder = llama_bin(args.llama_bin, args.build_llama)
+    if folder is None:
+        return {"available": False,
+                "note": "llama.cpp tools not found; run bash ../shared/peers/build-llama-cpp"}
+    pp = round(float(np.mean([len(p) for ps in workloads.values() for p in ps])))
+    try:
+        return run_llama(folder, gguf, pp, args.max_new_tokens, list(workloads), args.threads,
+                         args.llama_reps)
+    except subprocess.CalledProcessError as exc:
+        log(f"llama.cpp failed: {exc}\n{(exc.stderr or '')[-2000:]}")
+        return {"available": False, "note": f"llama.cpp failed: {exc}"}
+
+
+def hf_peer(args: argparse.Namespace, gguf: Path, workloads: dict, ref_c: int) -> dict:
+    if args.skip_hf:
+        return {"available": False, "note": "skipped (--skip-hf)"}
+    limit = args.skip_hf_above
+    allowed = {c: p for c, p in workloads.items() if limit is None or c <= limit}
+    if not allowed:
+        return {"available": False, "note": f"every concurrency is above --skip-hf-above {limit}"}
+    probe_c = ref_c if ref_c in allowed else max(allowed)
+    try:
+        result = run_hf(gguf, allowed, args.max_new_tokens, probe_c)
+    except Exception as exc:  # a failing peer must not lose the edgefire figures
+        log(f"HF peer failed: {exc!r}")
+        return {"available": False, "note": f"HF peer failed: {exc!r}"}
+    result["skipped_concurrency"] = sorted(set(workloads) - set(allowed))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Peer engines on the same GGUF: HF transformers `generate` and llama.cpp's bench tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from bench._common import log, peak_rss_mib, rate, run_with_peak_rss, stopwatch
+
+LLAMA_TOOLS = ("llama-batched-bench", "llama-bench")
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "peers" / "build-llama-cpp"
+
+
+# ---------------------------------------------------------------- HF transformers
+
+
+def load_hf(gguf: Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=dtype)
+    return model.eval()
+
+
+def hf_generate(model: torch.nn.Module, prompts: Sequence[list[int]], max_new: int) -> float:
+    """Static batch, left-padded, greedy, exactly max_new tokens each; returns seconds."""
+    pad = model.generation_config.eos_token_id
+    pad = (pad[0] if isinstance(pad, list) else pad) or 0
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    with torch.inference_mode(), stopwatch() as elapsed:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
+                             min_new_tokens=max_new, do_sample=False, pad_token_id=pad)
+    if out.shape[1] - width != max_new:
+        raise RuntimeError(f"HF generated {out.shape[1] - width} tokens, wanted {max_new}")
+    return elapsed[0]
+
+
+def _hf_point(model: torch.nn.Module, prompts: Sequence[list[int]], max_new: int) -> dict:
+    seconds = hf_generate(model, prompts, max_new)
+    return {"requests": len(prompts), "wall_s": round(seconds, 3),
+            "output_tok_s": rate(len(prompts) * max_new, seconds)}
+
+
+def run_hf(gguf: Path, workloads: dict[int, list[list[int]]], max_new: int,
+           probe_c: int) -> dict:
+    """Probe float32 vs bfloat16 at probe_c, then run every concurrency with the faster dtype."""
+    probe: dict[str, float] = {}
+    best: tuple[float, str, torch.nn.Module] | None = None
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        model = load_hf(gguf, dtype)
+        hf_generate(model, workloads[probe_c][:2], 4)  # warm-up
+        point = _hf_point(model, workloads[probe_c], max_new)
+        probe[name] = point["output_tok_s"]
+        log(f"hf {name} C={probe_c}: {point['output_tok_s']} tok/s")
+        if best is None or point["output_tok_s"] > best[0]:
+            best = (point["output_tok_s"], name, model)
+        else:
+            del model
+    assert best is not None
+    _, dtype_name, model = best
+    per_c: dict[str, dict] = {}
+    for c, prompts in workloads.items():
+        per_c[str(c)] = ({"requests": c, "output_tok_s": probe[dtype_name], "from_probe": True}
+                         if c == probe_c else _hf_point(model, prompts, max_new))
+        log(f"hf {dtype_name} C={c}: {per_c[str(c)]['output_tok_s']} tok/s")
+    import transformers
+
+    return {"available": True, "transformers": transformers.__version__, "dtype": dtype_name,
+            "dtype_probe": {"concurrency": probe_c, "output_tok_s": probe},
+            "per_concurrency": per_c,
+            "peak_rss_mib_process": peak_rss_mib()}
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def llama_bin(explicit: str | None, build: bool) -> Path | None:
+    """The folder holding llama.cpp's bench tools, or None when they are not built."""
+    if explicit:
+        folder = Path(explicit)
+    elif build and BUILD_SCRIPT.exists():
+        out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+        folder = Path(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else Path()
+    else:
+        root = os.environ.get("EDGEFIRE_PEERS", str(Path.home() / ".cache/edgefire-peers"))
+        folder = Path(root) / "llama.cpp" / "bin"
+    ok = all(os.access(folder / tool, os.X_OK) for tool in LLAMA_TOOLS)
+    return folder if ok else None
+
+
+def _jsonl(cmd: list[str], peaks: list[float]) -> list[dict]:
+    log("$ " + " ".join(cmd))
+    stdout, peak = run_with_peak_rss(cmd)
+    peaks.append(peak)
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def run_llama(folder: Path, gguf: Path, pp: int, tg: int, npl: Sequence[int], threads: int,
+              repetitions: int) -> dict:
+    ctx = max(npl) * (pp + tg) + 256
+    peaks: list[float] = []
+    rows = _jsonl([str(folder / "llama-batched-bench"), "-m", str(gguf), "-c", str(ctx),
+                   "-b", "2048", "-ub", "512", "-npp", str(pp), "-ntg", str(tg),
+                   "-npl", ",".join(map(str, npl)), "-t", str(threads),
+                   "--output-format", "jsonl"], peaks)
+    batched = {str(r["pl"]): {
+        "prefill_tok_s": round(r["speed_pp"], 2), "decode_tok_s": round(r["speed_tg"], 2),
+        "output_tok_s": rate(r["pl"] * r["tg"], r["t"]), "wall_s": round(r["t"], 3),
+    } for r in rows}
+    single_rows = _jsonl([str(folder / "llama-bench"), "-m", str(gguf), "-p", str(pp),
+                          "-n", str(tg), "-t", str(threads), "-r", str(repetitions),
+                          "-o", "jsonl"], peaks)
+    single = {"prefill_tok_s": None, "decode_tok_s": None, "build_commit": None}
+    for r in single_rows:
+        key = "prefill_tok_s" if r["n_prompt"] else "decode_tok_s"
+        single[key] = round(r["avg_ts"], 2)
+        single["build_commit"] = r.get("build_commit")
+    for c, row in batched.items():
+        log(f"llama.cpp C={c}: out {row['output_tok_s']} tok/s, S_TG {row['decode_tok_s']}, "
+            f"S_PP {row['prefill_tok_s']}")
+    log(f"llama.cpp single: pp{pp} {single['prefill_tok_s']} tok/s, "
+        f"tg{tg} {single['decode_tok_s']} tok/s")
+    return {"available": True, "bin": str(folder), "pp": pp, "tg": tg, "threads": threads,
+            "ctx": ctx, "batched": batched, "single": single,
+            "peak_rss_mib": {"batched_bench": peaks[0], "bench": peaks[1]},
+            "note": "llama-batched-bench uses one prompt length (pp) for all sequences; "
+                    "output_tok_s = pl*tg / total time incl. prefill, decode_tok_s = S_TG"}

@@ -1,0 +1,64 @@
+"""`edgefire` command line: run the engine offline on a catalog model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from runtime.catalog import Catalog
+from runtime.engine.sampling_params import SamplingParams
+from runtime.errors import EdgefireError
+
+DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from runtime.llm import LLM  # torch import is slow; keep `edgefire --help` instant
+
+    started = time.perf_counter()
+    llm = LLM(args.model)
+    print(f"[loaded {args.model} in {time.perf_counter() - started:.1f}s]", file=sys.stderr)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            seed=args.seed)
+    messages = [{"role": "user", "content": args.prompt}]
+    started = time.perf_counter()
+    run = llm.generate(args.prompt, params) if args.raw else llm.chat([messages], params)
+    result = run[0]
+    elapsed = time.perf_counter() - started
+    print(result.text)
+    n = len(result.token_ids)
+    print(f"[{n} tokens in {elapsed:.2f}s, {n / elapsed:.1f} tok/s, "
+          f"finish_reason={result.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    for spec in Catalog.load().specs:
+        state = "runnable" if spec.runnable else "planning only"
+        print(f"{spec.id:48} {spec.task:22} {state}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgefire")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="answer one prompt with a catalog model")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=DEFAULT_MODEL)
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.6)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--raw", action="store_true", help="skip the chat template")
+    gen.set_defaults(func=_generate)
+    sub.add_parser("models", help="list the catalog").set_defaults(func=_models)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except EdgefireError as exc:
+        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Asyncio front of the engine: the step loop runs on its own thread.
+
+Torch releases the GIL inside its kernels, so an HTTP server's event loop keeps serving while a
+step runs. Requests and aborts reach the step thread through a command queue drained between
+steps; outputs come back through each request's asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+
+from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.outputs import RequestOutput
+from runtime.engine.sampling_params import SamplingParams
+from runtime.engine.sequence import Sequence
+from runtime.errors import EdgefireError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(EdgefireError):
+    """The step loop stopped on an internal error; requests in flight were failed."""
+
+    code = 3043
+    status = 500
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: deque[tuple[str, object]] = deque()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="edgefire-engine", daemon=True)
+        self._thread.start()
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+        """Validate now (raising InvalidInputError) and return the request's output stream.
+
+        Closing the stream before it finishes (a client disconnect) aborts the request.
+        """
+        if self._error is not None or self._stopped:
+            raise EngineDeadError("the engine is not running")
+        if request_id in self._streams:
+            raise InvalidInputError(f"request id {request_id!r} is already running",
+                                    field="request_id")
+        seq = self.engine.prepare(request_id, prompt_token_ids, params, salt)
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._send("add", seq)
+        return self._stream(request_id, queue)
+
+    def abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self._send("abort", request_id)
+
+    async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+            self._streams.pop(request_id, None)
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    def _send(self, kind: str, payload: object) -> None:
+        self._commands.append((kind, payload))
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped:
+                self._drain_commands()
+                if not self.engine.has_unfinished():
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                for output in self.engine.step():
+                    self._deliver(output.request_id, output)
+        except BaseException as exc:  # the node must learn of it, not hang its clients
+            log.exception("engine step loop died")
+            self._error = exc
+            dead = EngineDeadError(f"engine failed: {exc}")
+            for request_id in list(self._streams):
+                self._deliver(request_id, dead)
+
+    def _drain_commands(self) -> None:
+        while self._commands:
+            kind, payload = self._commands.popleft()
+            if kind == "add":
+                assert isinstance(payload, Sequence)
+                if payload.request_id in self._streams:  # not aborted while queued
+                    self.engine.enqueue(payload)
+            else:
+                self.engine.abort(payload)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, queue = target
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed; nobody is listening any more
+            self._send("abort", request_id)
