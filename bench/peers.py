@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -21,10 +22,12 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "peers" / "build
 
 def load_hf(gguf: Path, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)  # quiet the dequant bar
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=dtype)
     return model.eval()
@@ -57,13 +60,13 @@ def _hf_point(model: torch.nn.Module, prompts: Sequence[list[int]], max_new: int
 def run_hf(gguf: Path, workloads: dict[int, list[list[int]]], max_new: int,
            probe_c: int) -> dict:
     """Probe float32 vs bfloat16 at probe_c, then run every concurrency with the faster dtype."""
-    probe: dict[str, float] = {}
+    probe: dict[str, dict] = {}
     best: tuple[float, str, torch.nn.Module] | None = None
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         model = load_hf(gguf, dtype)
         hf_generate(model, workloads[probe_c][:2], 4)  # warm-up
         point = _hf_point(model, workloads[probe_c], max_new)
-        probe[name] = point["output_tok_s"]
+        probe[name] = point
         log(f"hf {name} C={probe_c}: {point['output_tok_s']} tok/s")
         if best is None or point["output_tok_s"] > best[0]:
             best = (point["output_tok_s"], name, model)
@@ -73,13 +76,16 @@ def run_hf(gguf: Path, workloads: dict[int, list[list[int]]], max_new: int,
     _, dtype_name, model = best
     per_c: dict[str, dict] = {}
     for c, prompts in workloads.items():
-        per_c[str(c)] = ({"requests": c, "output_tok_s": probe[dtype_name], "from_probe": True}
-                         if c == probe_c else _hf_point(model, prompts, max_new))
+        if c == probe_c:
+            per_c[str(c)] = {**probe[dtype_name], "from_probe": True}
+            continue
+        per_c[str(c)] = _hf_point(model, prompts, max_new)
         log(f"hf {dtype_name} C={c}: {per_c[str(c)]['output_tok_s']} tok/s")
-    import transformers
+    from transformers import __version__ as version
 
-    return {"available": True, "transformers": transformers.__version__, "dtype": dtype_name,
-            "dtype_probe": {"concurrency": probe_c, "output_tok_s": probe},
+    return {"available": True, "transformers": version, "dtype": dtype_name,
+            "dtype_probe": {"concurrency": probe_c,
+                            "output_tok_s": {k: v["output_tok_s"] for k, v in probe.items()}},
             "per_concurrency": per_c,
             "peak_rss_mib_process": peak_rss_mib()}
 

@@ -7,6 +7,7 @@ however the engine batches, chunks, caches or preempts.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -27,6 +28,9 @@ MAX_NEW = 48
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0)
 KV_BYTES = 96 << 20
+# Parity is defined in float32: pin it where the engine offers other compute dtypes.
+FP32 = {"dtype": "float32"} if "dtype" in {
+    f.name for f in dataclasses.fields(EngineConfig)} else {}
 
 PARAGRAPH = (
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -94,7 +98,7 @@ def gguf_path():
 def llm(gguf_path) -> LLM:
     # Prefix caching off: parity runs below must compute every prompt, not reuse earlier runs.
     return LLM(MODEL, engine_config=EngineConfig(
-        block_size=BLOCK, kv_cache_bytes=KV_BYTES, enable_prefix_caching=False))
+        block_size=BLOCK, kv_cache_bytes=KV_BYTES, enable_prefix_caching=False, **FP32))
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +158,8 @@ def shared_reference(hf, llm: LLM, shared_prompts) -> list[list[int]]:
 def with_engine(base: LLM, **config) -> LLM:
     """An LLM sharing base's model weights and tokenizer but with its own engine (and KV pool)."""
     clone = copy.copy(base)
-    model = base.engine.runner.model
-    clone.engine = LLMEngine(model, base.tokenizer, EngineConfig(block_size=BLOCK, **config),
+    engine_config = EngineConfig(block_size=BLOCK, **FP32, **config)
+    clone.engine = LLMEngine(base.engine.runner.model, base.tokenizer, engine_config,
                              base.engine.vocab_size)
     return clone
 
@@ -209,23 +213,35 @@ def test_reference_is_nontrivial(reference) -> None:
     assert any(len(r) == MAX_NEW for r in reference)
 
 
-def test_final_position_logits_match(llm: LLM, hf, prompts) -> None:
+def _run_prefill(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
+    """Last-position logits of each prompt, prefilled together in one runner step."""
     engine = llm.engine
-    for ids in prompts:
-        seq = Sequence("logits", list(ids), len(ids), GREEDY, torch.Generator())
-        assert engine.blocks.allocate(seq, len(ids))
-        batch = ScheduledBatch()
-        batch.add(seq, len(ids))
-        try:
-            sample_seqs, logits = engine.runner.execute(batch)
-        finally:
+    seqs = [Sequence(f"logits-{i}", list(p), len(p), GREEDY, torch.Generator())
+            for i, p in enumerate(prompts)]
+    batch = ScheduledBatch()
+    try:
+        for seq in seqs:
+            assert engine.blocks.allocate(seq, seq.num_tokens)
+            batch.add(seq, seq.num_tokens)
+        sample_seqs, logits = engine.runner.execute(batch)
+    finally:
+        for seq in seqs:
             engine.blocks.free(seq)
-        assert sample_seqs == [seq]
-        with torch.inference_mode():
-            expected = hf(torch.tensor([ids])).logits[0, -1].float()
-        assert logits.shape == (1, expected.shape[0])
-        diff = (logits[0] - expected).abs().max().item()
-        assert diff < 1e-3, f"{len(ids)}-token prompt: max |logit diff| {diff}"
+    assert sample_seqs == seqs
+    return logits
+
+
+def test_final_position_logits_match(llm: LLM, hf, prompts) -> None:
+    with torch.inference_mode():
+        expected = [hf(torch.tensor([p])).logits[0, -1].float() for p in prompts]
+    together = _run_prefill(llm, prompts)
+    for i, p in enumerate(prompts):
+        alone = _run_prefill(llm, [p])[0]
+        assert alone.shape == expected[i].shape == (llm.engine.vocab_size,)
+        diff = (alone - expected[i]).abs().max().item()
+        assert diff < 1e-3, f"{len(p)}-token prompt: max |logit diff| {diff}"
+        diff = (together[i] - expected[i]).abs().max().item()
+        assert diff < 1e-3, f"{len(p)}-token prompt in a batch: max |logit diff| {diff}"
     assert_pool_drained(llm)
 
 

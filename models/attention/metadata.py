@@ -30,5 +30,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset
     num_decode_tokens: int
     decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int64, padded with 0
+    decode_context_lens: torch.Tensor  # [num_decodes] int64, the new token included
     decode_mask: torch.Tensor  # [1, num_decodes, 1, max_blocks * block_size] bool
     prefills: list[PrefillSpan]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models.attention.cpu_kernels import paged_decode_kernel
 from models.attention.metadata import AttentionMetadata
 
 
@@ -15,7 +16,10 @@ class TorchPagedAttention:
     yield [kv_heads, seqs, tokens, head_dim] without a transpose copy.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
+                 native_decode: bool = True) -> None:
+        # The native kernel reads decode K/V in place; SDPA over gathered pages is the fallback.
+        self.kernel = paged_decode_kernel() if native_decode else None
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -54,6 +58,10 @@ class TorchPagedAttention:
         # sharing a KV head become that head's queries: GQA without repeating K/V.
         n = q.shape[0]
         tables = meta.decode_block_tables
+        if self.kernel is not None:
+            o = self.kernel.paged_decode(q.float().contiguous(), k_cache, v_cache, tables,
+                                         meta.decode_context_lens, self.scale)
+            return o.view(n, -1).to(q.dtype)
         keys = _gather(k_cache, tables).to(q.dtype)
         values = _gather(v_cache, tables).to(q.dtype)
         q = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)

@@ -80,13 +80,15 @@ class BlockManager:
         return hits
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
-        """Give seq the blocks for num_new_tokens more tokens, first taking `cached` prefix blocks.
+        """Give seq blocks for num_new_tokens beyond its computed tokens and the `cached` prefix.
 
-        Returns False, changing nothing, if the pool cannot supply them.
+        `cached` (from find_cached_blocks) is taken first. Returns False, changing nothing, if
+        the pool cannot supply the blocks.
         """
         num_cached_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
         have = len(seq.block_table) + len(cached)
-        num_needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - have
+        num_tokens = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        num_needed = self.num_blocks_for(num_tokens) - have
         if max(num_needed, 0) + num_cached_free > self.num_free_blocks:
             return False
         for block_id in cached:

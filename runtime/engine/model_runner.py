@@ -70,11 +70,13 @@ class ModelRunner:
                 sample_seqs.append(seq)
 
         tables = _pad(decode_tables)
+        lens = torch.tensor(decode_lens, dtype=torch.long)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             num_decode_tokens=len(decode_tables),
             decode_block_tables=tables,
-            decode_mask=_decode_mask(decode_lens, tables.shape[1] * bs),
+            decode_context_lens=lens,
+            decode_mask=_decode_mask(lens, tables.shape[1] * bs),
             prefills=prefills,
         )
         dtype = self.precision.for_step(len(input_ids))
@@ -99,6 +101,5 @@ def _pad(tables: list[list[int]]) -> torch.Tensor:
                         dtype=torch.long).view(len(tables), width)
 
 
-def _decode_mask(context_lens: list[int], width: int) -> torch.Tensor:
-    lens = torch.tensor(context_lens, dtype=torch.long)
+def _decode_mask(lens: torch.Tensor, width: int) -> torch.Tensor:
     return (torch.arange(width)[None, :] < lens[:, None])[None, :, None, :]

@@ -36,15 +36,15 @@ class SamplingParams:
 
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidInputError naming the first field that is out of range."""
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
+        _check(_integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
                "must be an integer >= 1")
         _check(_number(self.temperature) and 0.0 <= self.temperature <= 5.0, "temperature",
                "must be between 0 and 5")
         _check(_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
                "must be in (0, 1]")
-        _check(isinstance(self.top_k, int) and 0 <= self.top_k <= vocab_size, "top_k",
+        _check(_integer(self.top_k) and 0 <= self.top_k <= vocab_size, "top_k",
                f"must be an integer between 0 and {vocab_size}")
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
+        _check(self.seed is None or (_integer(self.seed) and 0 <= self.seed <= MAX_SEED),
                "seed", "must be a non-negative integer")
         _check(_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0,
                "repetition_penalty", "must be in (0, 2]")
@@ -54,8 +54,13 @@ class SamplingParams:
                "presence_penalty", "must be between -2 and 2")
         _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
                "stop", "must be a list of non-empty strings")
-        _check(all(isinstance(t, int) and 0 <= t < vocab_size for t in self.stop_token_ids),
+        _check(isinstance(self.stop_token_ids, list)
+               and all(_integer(t) and 0 <= t < vocab_size for t in self.stop_token_ids),
                "stop_token_ids", f"must be token ids below {vocab_size}")
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _number(value: object) -> bool:

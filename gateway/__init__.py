@@ -1,0 +1,1 @@
+"""The gateway: accounts, AI Gateway features, providers and nearest-node routing."""

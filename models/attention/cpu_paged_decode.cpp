@@ -1,0 +1,147 @@
+// Paged decode attention for CPU: one query token per sequence, K/V read straight from the
+// block pool (no gather copy), each K/V row loaded once for all query heads of its group.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+constexpr int64_t kLanes = 16;
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  // bfloat16 is the top half of a float32: widen to 32 bits and shift into place.
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// scores[g] = scale * <q_g, k> for the `group` queries sharing this K row.
+template <typename T>
+inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_dim, float scale,
+                      float* scores, int64_t stride) {
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += kLanes)
+      acc = _mm512_fmadd_ps(load16(q + g * head_dim + d), load16(k + d), acc);
+    scores[g * stride] = _mm512_reduce_add_ps(acc) * scale;
+  }
+}
+
+// acc_g += p_g * v for each query of the group.
+template <typename T>
+inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_dim, float* acc,
+                       int64_t stride) {
+  for (int64_t d = 0; d < head_dim; d += kLanes) {
+    const __m512 vv = load16(v + d);
+    for (int64_t g = 0; g < group; ++g) {
+      float* a = acc + g * head_dim + d;
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(p[g * stride]), vv, _mm512_loadu_ps(a)));
+    }
+  }
+}
+#else
+constexpr int64_t kLanes = 1;
+
+template <typename T>
+inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_dim, float scale,
+                      float* scores, int64_t stride) {
+  for (int64_t g = 0; g < group; ++g) {
+    float acc = 0.f;
+    for (int64_t d = 0; d < head_dim; ++d) acc += q[g * head_dim + d] * static_cast<float>(k[d]);
+    scores[g * stride] = acc * scale;
+  }
+}
+
+template <typename T>
+inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_dim, float* acc,
+                       int64_t stride) {
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < head_dim; ++d)
+      acc[g * head_dim + d] += p[g * stride] * static_cast<float>(v[d]);
+}
+#endif
+
+template <typename T>
+void decode_kernel(const float* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                   const int64_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, int64_t head_dim,
+                   int64_t max_blocks, float scale) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t head_stride = num_blocks * block_size * head_dim;  // per KV head in the pool
+  const int64_t block_stride = block_size * head_dim;
+  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(group * head_dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / num_kv_heads, h = task % num_kv_heads;
+      const int64_t len = context_lens[s];
+      const int64_t* table = tables + s * max_blocks;
+      const float* qs = q + (s * num_heads + h * group) * head_dim;
+      const T* kh = k_cache + h * head_stride;
+      const T* vh = v_cache + h * head_stride;
+      scores.resize(group * len);
+      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const T* kb = kh + table[t0 / block_size] * block_stride;
+        const int64_t n = std::min(block_size, len - t0);
+        for (int64_t i = 0; i < n; ++i)
+          dot_group(qs, kb + i * head_dim, group, head_dim, scale, scores.data() + t0 + i, len);
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * len;
+        const float m = *std::max_element(sg, sg + len);
+        float sum = 0.f;
+        for (int64_t t = 0; t < len; ++t) {
+          sg[t] = std::exp(sg[t] - m);
+          sum += sg[t];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const T* vb = vh + table[t0 / block_size] * block_stride;
+        const int64_t n = std::min(block_size, len - t0);
+        for (int64_t i = 0; i < n; ++i)
+          axpy_group(scores.data() + t0 + i, vb + i * head_dim, group, head_dim, acc.data(), len);
+      }
+      std::copy(acc.begin(), acc.end(), out + (s * num_heads + h * group) * head_dim);
+    }
+  });
+}
+
+}  // namespace
+
+// q [seqs, heads, head_dim] float32; caches [kv_heads, blocks, block_size, head_dim];
+// block_tables [seqs, max_blocks] int64; context_lens [seqs] int64 -> [seqs, heads, head_dim].
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q: contiguous float32");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous());
+  TORCH_CHECK(context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous());
+  TORCH_CHECK(q.size(2) % kLanes == 0, "head_dim must be a multiple of the SIMD width");
+  auto out = torch::empty_like(q);
+  const int64_t seqs = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const int64_t kv_heads = k_cache.size(0), blocks = k_cache.size(1), bs = k_cache.size(2);
+  const int64_t max_blocks = block_tables.size(1);
+  auto run = [&](auto* k, auto* v) {
+    decode_kernel(q.data_ptr<float>(), k, v, block_tables.data_ptr<int64_t>(),
+                  context_lens.data_ptr<int64_t>(), out.data_ptr<float>(), seqs, heads, kv_heads,
+                  blocks, bs, head_dim, max_blocks, static_cast<float>(scale));
+  };
+  if (k_cache.scalar_type() == torch::kBFloat16) {
+    run(k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>());
+  } else {
+    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32, "caches: float32 or bfloat16");
+    run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_decode", &paged_decode); }

@@ -1,0 +1,1 @@
+"""Built-in plugins: KV backends, parallel strategies, weight codecs, providers."""

@@ -1,0 +1,273 @@
+"""Sampling: seeded per-request generators, top-k/top-p masks, greedy, penalties, validation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
+from runtime.engine.sampling_params import MAX_SEED, SamplingParams
+from runtime.engine.sequence import Sequence
+from runtime.errors import InvalidInputError
+
+VOCAB = 50
+_ids = itertools.count()
+
+
+def make_seq(params: SamplingParams, prompt: list[int] | None = None,
+             output: list[int] = ()) -> Sequence:
+    prompt = [1, 2, 3] if prompt is None else prompt
+    generator = torch.Generator()
+    generator.manual_seed(params.seed if params.seed is not None else 0)
+    return Sequence(f"s{next(_ids)}", prompt + list(output), len(prompt), params, generator)
+
+
+def random_logits(seed: int, rows: int = 1, scale: float = 3.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, VOCAB, generator=g) * scale
+
+
+def draw(sampler: Sampler, rows: list[tuple[Sequence, torch.Tensor]], steps: int) -> list[list]:
+    """Sample `steps` tokens per row, batching the rows in the given order each step."""
+    out: list[list[int]] = [[] for _ in rows]
+    for _ in range(steps):
+        logits = torch.stack([row for _, row in rows])  # a fresh copy each step
+        for i, token in enumerate(sampler(logits, [seq for seq, _ in rows])):
+            out[i].append(token)
+    return out
+
+
+# --------------------------------------------------------------------------- seeding
+
+
+def test_seeded_sampling_is_independent_of_batch_composition_and_order() -> None:
+    sampler = Sampler()
+    logits = random_logits(0, rows=4, scale=1.0)  # flat enough that draws vary
+    params = [SamplingParams(temperature=1.0, seed=s) for s in (11, 22, 33)]
+
+    alone = draw(sampler, [(make_seq(params[0]), logits[0])], 30)[0]
+    trio = draw(sampler, [(make_seq(p), logits[i]) for i, p in enumerate(params)], 30)
+    assert trio[0] == alone
+    reversed_rows = [(make_seq(p), logits[i]) for i, p in enumerate(params)][::-1]
+    greedy_row = (make_seq(SamplingParams(temperature=0)), logits[3])
+    mixed = draw(sampler, [greedy_row, *reversed_rows], 30)
+    assert mixed[1:] == trio[::-1]
+    assert len(set(alone)) > 3  # the draws really are random
+
+
+def test_same_seed_same_tokens_different_seed_differs() -> None:
+    sampler = Sampler()
+    logits = random_logits(1, scale=1.0)[0]
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=1234)
+    a = draw(sampler, [(make_seq(params), logits)], 40)[0]
+    b = draw(sampler, [(make_seq(params), logits)], 40)[0]
+    other = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=1235)
+    c = draw(sampler, [(make_seq(other), logits)], 40)[0]
+    assert a == b
+    assert a != c
+
+
+def test_sampling_follows_the_distribution() -> None:
+    sampler = Sampler()
+    logits = torch.full((VOCAB,), -30.0)
+    logits[:2] = torch.tensor([math.log(0.75), math.log(0.25)])
+    tokens = draw(sampler, [(make_seq(SamplingParams(temperature=1.0, seed=5)), logits)],
+                  2000)[0]
+    assert set(tokens) <= {0, 1}
+    assert 0.70 < tokens.count(0) / len(tokens) < 0.80
+
+
+def test_sampling_never_leaves_the_top_k_top_p_set() -> None:
+    sampler = Sampler()
+    logits = random_logits(2, scale=0.5)[0]
+    top3 = set(torch.topk(logits, 3).indices.tolist())
+    for seed in range(40):
+        seq = make_seq(SamplingParams(temperature=2.0, top_k=3, seed=seed))
+        assert set(draw(sampler, [(seq, logits)], 5)[0]) <= top3
+    probs = logits.softmax(-1)
+    nucleus = set(_minimal_nucleus(probs, 0.3))
+    for seed in range(40):
+        seq = make_seq(SamplingParams(temperature=1.0, top_p=0.3, seed=seed))
+        assert set(draw(sampler, [(seq, logits)], 5)[0]) <= nucleus
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def _minimal_nucleus(probs: torch.Tensor, top_p: float) -> list[int]:
+    order = torch.argsort(probs, descending=True).tolist()
+    kept, mass = [], 0.0
+    for token in order:
+        kept.append(token)
+        mass += probs[token].item()
+        if mass >= top_p:
+            break
+    return kept
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 49, 50])
+def test_top_k_keeps_exactly_k(k: int) -> None:
+    logits = random_logits(k)[0]
+    masked = top_k_top_p_mask(logits, k, 1.0)
+    kept = torch.isfinite(masked)
+    assert int(kept.sum()) == k
+    assert set(kept.nonzero().flatten().tolist()) == set(torch.topk(logits, k).indices.tolist())
+    assert torch.equal(masked[kept], logits[kept])
+    assert torch.isinf(logits).sum() == 0  # the input is not modified
+
+
+def test_top_k_zero_and_top_p_one_keep_everything() -> None:
+    logits = random_logits(3)[0]
+    assert torch.equal(top_k_top_p_mask(logits, 0, 1.0), logits)
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.1, 0.5, 0.8, 0.9, 0.99])
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_top_p_keeps_the_minimal_nucleus(top_p: float, seed: int) -> None:
+    logits = random_logits(seed)[0]
+    original = logits.clone()
+    masked = top_k_top_p_mask(logits, 0, top_p)
+    kept = set(torch.isfinite(masked).nonzero().flatten().tolist())
+    assert kept == set(_minimal_nucleus(logits.softmax(-1), top_p))
+    assert int(logits.argmax()) in kept  # the top token always survives
+    assert torch.equal(logits, original)
+
+
+def test_top_p_after_top_k_renormalizes_within_top_k() -> None:
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1] + [1e-9] * (VOCAB - 4)))
+    # Within the top 2, token 0 holds 0.4 / 0.7 = 57% of the mass: top_p 0.5 keeps it alone.
+    masked = top_k_top_p_mask(logits, 2, 0.5)
+    assert torch.isfinite(masked).nonzero().flatten().tolist() == [0]
+    masked = top_k_top_p_mask(logits, 3, 0.6)  # 0.4/0.9 < 0.6 <= 0.7/0.9
+    assert torch.isfinite(masked).nonzero().flatten().tolist() == [0, 1]
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+def test_greedy_is_argmax() -> None:
+    sampler = Sampler()
+    logits = random_logits(7, rows=6)
+    expected = logits.argmax(-1).tolist()
+    seqs = [make_seq(SamplingParams(temperature=0)) for _ in range(3)]
+    seqs += [make_seq(SamplingParams(temperature=1.5, top_k=1, seed=i)) for i in range(3)]
+    assert sampler(logits.clone(), seqs) == expected
+
+
+def test_greedy_row_in_a_sampled_batch() -> None:
+    sampler = Sampler()
+    logits = random_logits(8, rows=3, scale=0.1)
+    seqs = [make_seq(SamplingParams(temperature=2.0, seed=1)), make_seq(SamplingParams(
+        temperature=0)), make_seq(SamplingParams(temperature=2.0, seed=2))]
+    for _ in range(10):
+        assert sampler(logits.clone(), seqs)[1] == int(logits[1].argmax())
+
+
+# --------------------------------------------------------------------------- penalties
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative() -> None:
+    logits = torch.tensor([2.0, -2.0, 1.0, -1.0, 3.0, 0.5] + [0.0] * (VOCAB - 6))
+    original = logits.clone()
+    seq = make_seq(SamplingParams(repetition_penalty=2.0), prompt=[0, 1, 1], output=[2, 3])
+    apply_penalties(logits, seq)
+    expected = original.clone()
+    expected[:4] = torch.tensor([1.0, -4.0, 0.5, -2.0])  # prompt and output tokens, once each
+    assert torch.equal(logits, expected)
+
+
+def test_repetition_penalty_below_one_boosts() -> None:
+    logits = torch.tensor([2.0, -2.0] + [0.0] * (VOCAB - 2))
+    seq = make_seq(SamplingParams(repetition_penalty=0.5), prompt=[0, 1])
+    apply_penalties(logits, seq)
+    assert logits[:2].tolist() == [4.0, -1.0]
+
+
+def test_frequency_and_presence_penalties_follow_openai() -> None:
+    # logit[t] -= count[t] * frequency_penalty + (count[t] > 0) * presence_penalty, where the
+    # counts are over generated tokens only.
+    logits = random_logits(9)[0]
+    original = logits.clone()
+    output = [5, 5, 5, 7, 9, 9]
+    seq = make_seq(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25),
+                   prompt=[1, 2, 3], output=output)
+    apply_penalties(logits, seq)
+    expected = original.clone()
+    for token, count in {5: 3, 7: 1, 9: 2}.items():
+        expected[token] -= 0.5 * count + 0.25
+    assert torch.allclose(logits, expected, atol=1e-6)
+    assert torch.equal(logits[[1, 2, 3]], original[[1, 2, 3]])  # prompt tokens untouched
+
+
+def test_negative_frequency_presence_penalties_encourage() -> None:
+    logits = torch.zeros(VOCAB)
+    seq = make_seq(SamplingParams(frequency_penalty=-1.0, presence_penalty=-0.5), output=[4, 4])
+    apply_penalties(logits, seq)
+    assert logits[4].item() == pytest.approx(2.5)
+    assert int((logits != 0).sum()) == 1
+
+
+def test_penalties_without_output_change_nothing() -> None:
+    logits = random_logits(10)[0]
+    original = logits.clone()
+    apply_penalties(logits, make_seq(SamplingParams(frequency_penalty=2.0,
+                                                    presence_penalty=2.0)))
+    assert torch.equal(logits, original)
+
+
+def test_sampler_applies_penalties_before_greedy() -> None:
+    sampler = Sampler()
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3], logits[0, 4] = 2.0, 1.5
+    seq = make_seq(SamplingParams(temperature=0, presence_penalty=1.0), output=[3])
+    assert sampler(logits, [seq]) == [4]
+    seq = make_seq(SamplingParams(temperature=0, repetition_penalty=1.5), prompt=[3])
+    logits[0, 3], logits[0, 4] = 2.0, 1.5
+    assert sampler(logits, [seq]) == [4]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def test_defaults_validate() -> None:
+    SamplingParams().validate(VOCAB)
+    SamplingParams(max_tokens=1, temperature=0, top_p=1, top_k=VOCAB, seed=MAX_SEED,
+                   repetition_penalty=2, frequency_penalty=-2, presence_penalty=2,
+                   stop=["\n"], stop_token_ids=[VOCAB - 1]).validate(VOCAB)
+    assert SamplingParams(temperature=0).greedy and SamplingParams(top_k=1).greedy
+    assert not SamplingParams().greedy and not SamplingParams().has_penalties
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -5}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"temperature": -1}, "temperature"),
+    ({"temperature": 5.5}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.01}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"top_k": VOCAB + 1}, "top_k"),
+    ({"top_k": 2.0}, "top_k"),
+    ({"seed": -1}, "seed"),
+    ({"seed": MAX_SEED + 1}, "seed"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 2.5}, "repetition_penalty"),
+    ({"frequency_penalty": 2.1}, "frequency_penalty"),
+    ({"presence_penalty": -2.1}, "presence_penalty"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": "\n"}, "stop"),
+    ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+])
+def test_validate_names_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        SamplingParams(**kwargs).validate(VOCAB)
+    assert info.value.field == field
+    assert field in str(info.value)
+    assert info.value.status == 400 and info.value.code == 5006
