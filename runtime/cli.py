@@ -40,6 +40,17 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plugins(args: argparse.Namespace) -> int:
+    from runtime.plugins import load_plugins
+
+    host = load_plugins()
+    for info in host.plugins.values():
+        print(f"{info.name}  ({info.source})")
+        for registration in info.registrations:
+            print(f"    {registration.kind}: {registration.name}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgefire")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--raw", action="store_true", help="skip the chat template")
     gen.set_defaults(func=_generate)
     sub.add_parser("models", help="list the catalog").set_defaults(func=_models)
+    sub.add_parser("plugins", help="list loaded plugins and what each registers").set_defaults(
+        func=_plugins)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -10,7 +10,7 @@ from runtime.engine.llm_engine import EngineConfig, LLMEngine
 from runtime.engine.outputs import Usage
 from runtime.engine.sampling_params import SamplingParams
 from runtime.errors import InvalidInputError
-from runtime.model_loader import load_text_model
+from runtime.model_loader import load_model
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class LLM:
         config = engine_config or EngineConfig()
         if dtype is not None:
             config = replace(config, dtype=dtype)
-        loaded = load_text_model(spec, config.precision)
+        loaded = load_model(spec, config.precision)
         self.tokenizer = loaded.tokenizer
         config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len))
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.vocab_size)

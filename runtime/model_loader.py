@@ -1,38 +1,38 @@
-"""Build a runnable model and its tokenizer from a catalog spec."""
+"""Build a runnable model and its tokenizer from a catalog spec, through the plugin registries."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
-import torch
-
-from models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
 from runtime.catalog import ModelSpec
+from runtime.engine.model_runner import CausalLM
 from runtime.engine.precision import Precision
-from runtime.errors import ModelUnavailableError
-from runtime.tokenizer import Tokenizer, load_gguf_tokenizer
-from runtime.weights import read_gguf, resolve_source
+from runtime.tokenizer import Tokenizer
+from runtime.weights.codec import WeightCodec
 
 
 @dataclass(slots=True)
 class LoadedModel:
     spec: ModelSpec
-    model: LlamaForCausalLM
+    model: CausalLM
     tokenizer: Tokenizer
     vocab_size: int
     max_model_len: int
 
 
-def load_text_model(spec: ModelSpec, precision: Precision) -> LoadedModel:
-    if spec.architecture != "llama":
-        raise ModelUnavailableError(f"architecture {spec.architecture!r} cannot generate text yet",
-                                    field="model")
-    gguf_file = read_gguf(resolve_source(spec.weights))
-    config = LlamaConfig.from_gguf_fields(gguf_file.field)
-    weights = weights_from_gguf(config, gguf_file.tensors(torch.float32))
-    config = dataclasses.replace(config, tie_embeddings="lm_head" not in weights)
-    model = LlamaForCausalLM(config, weights, precision.dtypes, precision.kv)
-    tokenizer = load_gguf_tokenizer(gguf_file.reader)
-    max_len = min(config.max_position, spec.context_window)
-    return LoadedModel(spec, model, tokenizer, config.vocab_size, max_len)
+class ModelLoader(Protocol):
+    """What a model-architecture plugin registers."""
+
+    def __call__(self, spec: ModelSpec, precision: Precision,
+                 codec: WeightCodec) -> LoadedModel: ...
+
+
+def load_model(spec: ModelSpec, precision: Precision) -> LoadedModel:
+    """Load spec with its architecture's loader and its weight codec, both chosen by name."""
+    from runtime.plugins import load_plugins  # plugins import this module's LoadedModel
+
+    host = load_plugins()
+    loader: ModelLoader = host.models.get(spec.architecture)
+    codec: WeightCodec = host.codecs.get(spec.codec)()
+    return loader(spec, precision, codec)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.block_manager import BlockManager
 from runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
 from runtime.engine.output_processor import OutputProcessor
 from runtime.engine.outputs import RequestOutput
@@ -17,6 +16,7 @@ from runtime.engine.sampling_params import SamplingParams
 from runtime.engine.scheduler import Scheduler, SchedulerConfig
 from runtime.engine.sequence import Sequence
 from runtime.errors import ContextLengthError, InvalidInputError
+from runtime.plugins import load_plugins
 from runtime.tokenizer import Tokenizer
 
 
@@ -28,6 +28,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
+    kv_backend: str = "local_paged"  # KV backend plugin that provides the page pool
     dtype: str = "auto"  # "float32", "bfloat16", or "auto": chosen per step by its token count
     auto_bfloat16_min_tokens: int = 8
 
@@ -45,10 +46,15 @@ class LLMEngine:
         num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model, config.block_size)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds no KV block")
-        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # The backend is looked up by name once, here; steps call the pool it returns directly.
+        create_pool = load_plugins().kv_backends.get(config.kv_backend)
+        pool = create_pool(num_blocks, config.block_size,
+                           model.kv_cache_shape(num_blocks, config.block_size), model.kv_dtype,
+                           config.enable_prefix_caching)
+        self.blocks = pool.blocks
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.precision)
+        self.runner = ModelRunner(model, pool.cache, config.block_size, config.precision)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(tokenizer)
         self.requests: dict[str, Sequence] = {}

@@ -30,13 +30,12 @@ def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
+    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int,
                  precision: Precision) -> None:
         self.model = model
         self.block_size = block_size
         self.precision = precision
-        self.kv_cache = torch.zeros(model.kv_cache_shape(num_blocks, block_size),
-                                    dtype=model.kv_dtype)
+        self.kv_cache = kv_cache
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that reached a new token and their logits."""
