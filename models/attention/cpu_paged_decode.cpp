@@ -33,6 +33,39 @@ inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_di
   }
 }
 
+// exp over n floats in place, returning their sum; Cody-Waite reduction x = k ln2 + r and a
+// degree-6 polynomial for 2^f (relative error ~1e-7, float32 rounding level).
+inline float exp_sum(float* x, int64_t n, float shift) {
+  const __m512 log2e = _mm512_set1_ps(1.44269504f), lo = _mm512_set1_ps(-87.f);
+  const __m512 c1 = _mm512_set1_ps(0.69314718f), c2 = _mm512_set1_ps(0.24022652f);
+  const __m512 c3 = _mm512_set1_ps(0.05550411f), c4 = _mm512_set1_ps(0.00961813f);
+  const __m512 c5 = _mm512_set1_ps(0.00133336f), c6 = _mm512_set1_ps(0.00015404f);
+  const __m512 one = _mm512_set1_ps(1.f), m = _mm512_set1_ps(shift);
+  __m512 total = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), lo);
+    const __m512 t = _mm512_mul_ps(v, log2e);
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, k);
+    __m512 p = _mm512_fmadd_ps(c6, f, c5);
+    p = _mm512_fmadd_ps(p, f, c4);
+    p = _mm512_fmadd_ps(p, f, c3);
+    p = _mm512_fmadd_ps(p, f, c2);
+    p = _mm512_fmadd_ps(p, f, c1);
+    p = _mm512_fmadd_ps(p, f, one);
+    const __m512 e = _mm512_scalef_ps(p, k);
+    _mm512_storeu_ps(x + i, e);
+    total = _mm512_add_ps(total, e);
+  }
+  float sum = _mm512_reduce_add_ps(total);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
 // acc_g += p_g * v for each query of the group.
 template <typename T>
 inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_dim, float* acc,
@@ -47,6 +80,15 @@ inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_d
 }
 #else
 constexpr int64_t kLanes = 1;
+
+inline float exp_sum(float* x, int64_t n, float shift) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
 
 template <typename T>
 inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_dim, float scale,
@@ -95,12 +137,7 @@ void decode_kernel(const float* q, const T* k_cache, const T* v_cache, const int
       for (int64_t g = 0; g < group; ++g) {
         float* sg = scores.data() + g * len;
         const float m = *std::max_element(sg, sg + len);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-          sg[t] = std::exp(sg[t] - m);
-          sum += sg[t];
-        }
-        const float inv = 1.f / sum;
+        const float inv = 1.f / exp_sum(sg, len, m);
         for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
