@@ -102,6 +102,17 @@ class LlamaForCausalLM:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
 
+    @property
+    def weight_bytes(self) -> int:
+        seen: dict[int, int] = {}  # tied lm_head and embed share storage: count it once
+        for w in self.params.values():
+            tensors = [w.embed, w.final_norm, w.lm_head]
+            tensors += [t for layer in w.layers for t in (getattr(layer, f) for f in
+                                                          LlamaLayer.__slots__)]
+            for t in tensors:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(seen.values())
+
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         c = self.config
         return (c.num_layers, 2, c.num_kv_heads, num_blocks, block_size, c.head_dim)

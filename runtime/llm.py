@@ -6,11 +6,11 @@ import itertools
 from dataclasses import dataclass, replace
 
 from runtime.catalog import Catalog
-from runtime.engine.llm_engine import EngineConfig, LLMEngine
+from runtime.engine.builder import build_engine
+from runtime.engine.llm_engine import EngineConfig
 from runtime.engine.outputs import Usage
 from runtime.engine.sampling_params import SamplingParams
 from runtime.errors import InvalidInputError
-from runtime.model_loader import load_model
 
 
 @dataclass(slots=True)
@@ -30,10 +30,8 @@ class LLM:
         config = engine_config or EngineConfig()
         if dtype is not None:
             config = replace(config, dtype=dtype)
-        loaded = load_model(spec, config.precision)
+        self.engine, loaded = build_engine(spec, config)
         self.tokenizer = loaded.tokenizer
-        config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len))
-        self.engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.vocab_size)
         self._ids = itertools.count()
 
     def generate(self, prompts: str | list[str] | list[list[int]],

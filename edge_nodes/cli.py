@@ -1,0 +1,55 @@
+"""`edge-node`: start one city's node, or list the cities this repo ships."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from runtime.node.city import all_cities, load_city
+
+
+def _start(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from runtime.node.node import EdgeNode
+    from runtime.node.settings import NodeSettings
+    from runtime.server.app import create_app
+
+    city = load_city(args.city)
+    node = EdgeNode(city, NodeSettings())
+    port = args.port or city.port
+    logging.getLogger(__name__).info("edge node %s (%s) on http://%s:%d", city.code, city.name,
+                                     args.host, port)
+    uvicorn.run(create_app(node), host=args.host, port=port, log_level="info")
+    return 0
+
+
+def _cities(args: argparse.Namespace) -> int:
+    for c in all_cities():
+        a = c.accelerators
+        print(f"{c.code}  {c.name:10} {c.lat:9.4f} {c.lon:9.4f}  {a.count}x {a.kind} "
+              f"({a.memory_gib:g} GiB)  budget {c.memory_budget_gib:g} GiB  port {c.port}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    parser = argparse.ArgumentParser(prog="edge-node")
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="serve one city's node over HTTP")
+    start.add_argument("--city", required=True)
+    start.add_argument("--port", type=int, default=None, help="default: the city's port")
+    start.add_argument("--host", default="127.0.0.1")
+    start.set_defaults(func=_start)
+    sub.add_parser("cities", help="list the shipped cities").set_defaults(func=_cities)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"edge-node: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Build an engine for a catalog model: load it through its plugins, size the engine to it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from runtime.catalog import ModelSpec
+from runtime.engine.llm_engine import EngineConfig, LLMEngine
+from runtime.model_loader import LoadedModel, load_model
+
+
+def build_engine(spec: ModelSpec, config: EngineConfig) -> tuple[LLMEngine, LoadedModel]:
+    loaded = load_model(spec, config.precision)
+    config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len))
+    return LLMEngine(loaded.model, loaded.tokenizer, config, loaded.vocab_size), loaded

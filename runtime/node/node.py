@@ -1,0 +1,46 @@
+"""One edge node: a city, its settings, the catalog and the models it holds."""
+
+from __future__ import annotations
+
+import logging
+
+from runtime.catalog import Catalog
+from runtime.node.city import City
+from runtime.node.model_registry import ModelRegistry
+from runtime.node.served import build_served_model
+from runtime.node.settings import NodeSettings
+from runtime.plugins import load_plugins
+
+log = logging.getLogger(__name__)
+
+
+class EdgeNode:
+    def __init__(self, city: City, settings: NodeSettings | None = None,
+                 catalog: Catalog | None = None) -> None:
+        self.city = city
+        self.settings = settings or NodeSettings()
+        self.catalog = catalog or Catalog.load(self.settings.catalog)
+        self.registry = ModelRegistry(self.catalog, city.memory_budget_bytes,
+                                      lambda spec: build_served_model(spec, self.settings))
+        self.ready = False
+
+    def start(self) -> None:
+        """Load plugins (models load lazily, on their first request); then the node is ready."""
+        load_plugins()
+        if not self.settings.node_secret:
+            log.warning("EDGEFIRE_NODE_SECRET is not set: node %s accepts requests from anyone "
+                        "(fine for local development)", self.city.code)
+        self.ready = True
+
+    def stop(self) -> None:
+        self.ready = False
+        self.registry.close()
+
+    def health(self) -> dict:
+        return {
+            "status": "ok" if self.ready else "starting",
+            "city": self.city.code,
+            "loaded_models": self.registry.loaded(),
+            "memory_budget_bytes": self.registry.budget_bytes,
+            "memory_used_bytes": self.registry.used_bytes,
+        }

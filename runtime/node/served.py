@@ -1,0 +1,68 @@
+"""What the node serves per loaded model: a text engine or an embedder, with its footprint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.catalog import ModelSpec
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.builder import build_engine
+from runtime.engine.llm_engine import EngineConfig
+from runtime.errors import ModelUnavailableError
+from runtime.node.settings import NodeSettings
+from runtime.tokenizer import Tokenizer
+
+TEXT_GENERATION = "text-generation"
+TEXT_EMBEDDINGS = "text-embeddings"
+
+
+@dataclass(slots=True)
+class TextModel:
+    spec: ModelSpec
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    max_model_len: int
+    memory_bytes: int
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.engine.scheduler.waiting)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+@dataclass(slots=True)
+class EmbeddingServed:
+    spec: ModelSpec
+    embedder: object  # runtime.embeddings.AsyncEmbedder
+    dimensions: int
+    max_tokens: int
+    memory_bytes: int
+
+    def close(self) -> None:
+        self.embedder.close()
+
+
+def build_served_model(spec: ModelSpec, settings: NodeSettings) -> TextModel | EmbeddingServed:
+    """Load spec for serving; runs on a worker thread (it takes seconds)."""
+    if spec.task == TEXT_GENERATION:
+        config = EngineConfig(kv_cache_bytes=settings.kv_cache_mib << 20,
+                              max_num_seqs=settings.max_num_seqs,
+                              max_num_batched_tokens=settings.max_num_batched_tokens,
+                              dtype=settings.dtype, kv_backend=settings.kv_backend)
+        engine, loaded = build_engine(spec, config)
+        memory = loaded.model.weight_bytes + engine.runner.kv_cache.nbytes
+        return TextModel(spec, AsyncEngine(engine), loaded.tokenizer,
+                         engine.config.max_model_len, memory)
+    if spec.task == TEXT_EMBEDDINGS:
+        from runtime.embeddings import AsyncEmbedder
+        from runtime.engine.precision import Precision
+        from runtime.model_loader import load_model
+
+        loaded = load_model(spec, Precision.parse(settings.dtype))
+        model = loaded.model
+        return EmbeddingServed(spec, AsyncEmbedder(model), model.dim, loaded.max_model_len,
+                               model.memory_bytes)
+    raise ModelUnavailableError(f"{spec.id}: task {spec.task!r} is not served by this node",
+                                field="model")
