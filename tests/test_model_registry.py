@@ -1,0 +1,113 @@
+"""Model registry: single-flight loads, LRU eviction within the budget, never while in use."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from runtime.catalog import Catalog, ModelSpec
+from runtime.errors import ModelUnavailableError, UnknownModelError
+from runtime.node.model_registry import CapacityError, ModelRegistry
+
+MIB = 1 << 20
+
+
+def _spec(model_id: str, memory_mib: int, runnable: bool = True) -> ModelSpec:
+    return ModelSpec(id=model_id, task="text-generation", architecture="fake", weights="w",
+                     context_window=64, aliases=(f"{model_id}-alias",), runnable=runnable,
+                     extra={"memory_mib": memory_mib})
+
+
+@dataclass
+class FakeModel:
+    spec: ModelSpec
+    memory_bytes: int
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Builder:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, spec: ModelSpec) -> FakeModel:
+        with self.lock:
+            self.calls.append(spec.id)
+        time.sleep(self.delay)
+        return FakeModel(spec, spec.extra["memory_mib"] * MIB)
+
+
+def _registry(budget_mib: int, builder: Builder) -> ModelRegistry:
+    catalog = Catalog([_spec("a", 40), _spec("b", 40), _spec("c", 40), _spec("big", 500),
+                       _spec("plan", 10, runnable=False)])
+    return ModelRegistry(catalog, budget_mib * MIB, builder)
+
+
+async def _use(registry: ModelRegistry, name: str) -> FakeModel:
+    async with registry.use(name) as model:
+        return model
+
+
+def test_concurrent_first_requests_share_one_load():
+    builder = Builder(delay=0.2)
+    registry = _registry(100, builder)
+
+    async def main():
+        return await asyncio.gather(*(_use(registry, "a") for _ in range(5)),
+                                    _use(registry, "a-alias"))
+
+    models = asyncio.run(main())
+    assert builder.calls == ["a"] and registry.num_loads == 1
+    assert all(m is models[0] for m in models)
+
+
+def test_least_recently_used_idle_model_is_evicted():
+    builder = Builder()
+    registry = _registry(100, builder)
+
+    async def main():
+        a = await _use(registry, "a")
+        await _use(registry, "b")
+        await _use(registry, "a")  # b is now the least recently used
+        await _use(registry, "c")
+        return a
+
+    a = asyncio.run(main())
+    assert set(registry.loaded()) == {"a", "c"} and registry.num_evictions == 1
+    assert not a.closed
+
+
+def test_a_model_in_use_is_never_evicted():
+    registry = _registry(100, Builder())
+
+    async def main():
+        async with registry.use("a"), registry.use("b"):
+            with pytest.raises(CapacityError):
+                await _use(registry, "c")
+        assert set(registry.loaded()) == {"a", "b"}
+        await _use(registry, "c")  # both idle now: one of them makes room
+
+    asyncio.run(main())
+    assert len(registry.loaded()) == 2 and "c" in registry.loaded()
+
+
+def test_a_model_larger_than_the_budget_is_refused():
+    registry = _registry(100, Builder())
+    with pytest.raises(CapacityError, match="budget"):
+        asyncio.run(_use(registry, "big"))
+
+
+def test_unknown_and_planning_only_models_raise_typed_errors():
+    registry = _registry(100, Builder())
+    with pytest.raises(UnknownModelError):
+        asyncio.run(_use(registry, "nope"))
+    with pytest.raises(ModelUnavailableError):
+        asyncio.run(_use(registry, "plan"))
