@@ -23,7 +23,8 @@ from runtime.plugins.registry import Registration, Registry
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "edgefire"
-DEFAULT_PLUGINS = ("plugins.llama", "plugins.local_paged", "plugins.identity_codec")
+DEFAULT_PLUGINS = ("plugins.llama", "plugins.local_paged", "plugins.identity_codec",
+                   "plugins.bert")
 
 
 @dataclass(slots=True)
