@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgefire-installed
+CITY ?= fra
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run generate test test-fast lint bench bench-serve clean
 
 $(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
 setup: $(STAMP)
 
 run: setup
+	$(VENV)/bin/edge-node start --city $(CITY)
+
+generate: setup
 	$(VENV)/bin/edgefire generate "$(PROMPT)" --temperature 0 --max-tokens 64
 
 test: setup
@@ -35,6 +39,9 @@ lint: setup
 
 bench: setup
 	$(PY) bench/engine.py
+
+bench-serve: setup
+	$(PY) bench/serve.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -11,10 +11,10 @@ from runtime.node.city import all_cities, load_city
 
 def _start(args: argparse.Namespace) -> int:
     import uvicorn
-    from runtime.server.app import create_app
 
     from runtime.node.node import EdgeNode
     from runtime.node.settings import NodeSettings
+    from runtime.server.app import create_app
 
     city = load_city(args.city)
     node = EdgeNode(city, NodeSettings())

@@ -90,12 +90,17 @@ class LlamaForCausalLM:
     one per step, since on CPU the faster dtype depends on how many tokens the step carries.
     """
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor],
+    def __init__(self, config: LlamaConfig,
+                 weights: dict[str, torch.Tensor] | dict[torch.dtype, dict[str, torch.Tensor]],
                  dtypes: tuple[torch.dtype, ...], kv_dtype: torch.dtype | None = None,
                  attention: AttentionBackend | None = None) -> None:
+        """weights: one dict cast to each dtype, or one dict per dtype already in it (a warm
+        cache's memory-mapped tensors, which build() then keeps as they are: `.to` is a no-op)."""
         self.config = config
         c = config
-        self.params = {dtype: LlamaWeights.build(c, weights, dtype) for dtype in dtypes}
+        per_dtype = (weights if isinstance(next(iter(weights)), torch.dtype)
+                     else dict.fromkeys(dtypes, weights))
+        self.params = {dtype: LlamaWeights.build(c, per_dtype[dtype], dtype) for dtype in dtypes}
         self.dtypes = dtypes
         self.kv_dtype = kv_dtype or dtypes[0]
         self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -14,18 +15,34 @@ from runtime.plugins import hookimpl
 from runtime.tokenizer import load_gguf_tokenizer
 from runtime.weights import read_gguf, resolve_source
 from runtime.weights.codec import WeightCodec, through_codec
+from runtime.weights.warm_cache import WarmCache, WarmEntry, cache_key
 
 
 def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedModel:
-    gguf_file = read_gguf(resolve_source(spec.weights))
+    """Load from the warm cache when it holds this model, else convert the GGUF and cache it."""
+    path = resolve_source(spec.weights)
+    cache = WarmCache()
+    key = cache_key(spec, path, codec.name, precision.dtypes)
+    entry = cache.load(key)
+    if entry is None:
+        entry = _convert_gguf(path, precision.dtypes, codec)
+        cache.store(key, entry)
+    config = LlamaConfig(**entry.model_meta["config"])
+    model = LlamaForCausalLM(config, entry.weights, precision.dtypes, precision.kv)
+    max_len = min(config.max_position, spec.context_window)
+    return LoadedModel(spec, model, entry.tokenizer, config.vocab_size, max_len)
+
+
+def _convert_gguf(path: Path, dtypes: tuple[torch.dtype, ...], codec: WeightCodec) -> WarmEntry:
+    """Dequantize and fuse the GGUF's weights into each compute dtype; build its tokenizer."""
+    gguf_file = read_gguf(path)
     config = LlamaConfig.from_gguf_fields(gguf_file.field)
     tensors = through_codec(gguf_file.tensors(torch.float32), codec)
     weights = weights_from_gguf(config, tensors)
     config = dataclasses.replace(config, tie_embeddings="lm_head" not in weights)
-    model = LlamaForCausalLM(config, weights, precision.dtypes, precision.kv)
-    tokenizer = load_gguf_tokenizer(gguf_file.reader)
-    max_len = min(config.max_position, spec.context_window)
-    return LoadedModel(spec, model, tokenizer, config.vocab_size, max_len)
+    per_dtype = {dtype: {name: w.to(dtype) for name, w in weights.items()} for dtype in dtypes}
+    return WarmEntry(per_dtype, load_gguf_tokenizer(gguf_file.reader),
+                     {"config": dataclasses.asdict(config)})
 
 
 @hookimpl

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
 
 from runtime.engine.llm_engine import LLMEngine
 from runtime.engine.outputs import RequestOutput
@@ -41,7 +40,7 @@ class AsyncEngine:
         self._thread.start()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+                    salt: bytes = b"") -> RequestStream:
         """Validate now (raising InvalidInputError) and return the request's output stream.
 
         Closing the stream before it finishes (a client disconnect) aborts the request.
@@ -55,25 +54,15 @@ class AsyncEngine:
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         self._send("add", seq)
-        return self._stream(request_id, queue)
+        return RequestStream(self, request_id, queue)
 
     def abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
             self._send("abort", request_id)
 
-    async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort(request_id)
-            self._streams.pop(request_id, None)
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's stream; the engine has already let it go."""
+        self._streams.pop(request_id, None)
 
     def shutdown(self) -> None:
         self._stopped = True
@@ -83,6 +72,11 @@ class AsyncEngine:
     @property
     def num_unfinished(self) -> int:
         return len(self._streams)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running: queued in the scheduler or still in the command queue."""
+        return max(0, len(self._streams) - len(self.engine.scheduler.running))
 
     def _send(self, kind: str, payload: object) -> None:
         self._commands.append((kind, payload))
@@ -124,3 +118,41 @@ class AsyncEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the caller's loop is closed; nobody is listening any more
             self._send("abort", request_id)
+
+
+class RequestStream:
+    """One request's outputs. Closing it before the last output aborts the request, whether
+    or not it was ever read (an async generator's cleanup would only run once started)."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, queue: asyncio.Queue) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self._finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):
+            self._finish()
+            raise item
+        if item.finished:
+            self._finish()
+        return item
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._engine.abort(self.request_id)
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._engine.forget(self.request_id)

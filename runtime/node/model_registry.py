@@ -65,6 +65,10 @@ class ModelRegistry:
             entry.active -= 1
             entry.last_used = time.monotonic()
 
+    def models(self) -> dict[str, ServedModel]:
+        """The loaded models by id (a snapshot: it does not keep an evicted model alive)."""
+        return {model_id: e.model for model_id, e in self._entries.items()}
+
     def loaded(self) -> dict[str, dict]:
         return {model_id: {"active_requests": e.active, "memory_bytes": e.model.memory_bytes}
                 for model_id, e in self._entries.items()}

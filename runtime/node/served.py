@@ -26,7 +26,7 @@ class TextModel:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.engine.engine.scheduler.waiting)
+        return self.engine.num_waiting
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -12,7 +12,6 @@ class NodeSettings(BaseSettings):
 
     node_secret: str | None = None  # shared with the gateway; unset runs open (logged)
     catalog: Path | None = None
-    cache_dir: Path = Path.home() / ".cache" / "edgefire"  # warm-start cache
     kv_cache_mib: int = 512  # KV pool per text model
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024

@@ -1,0 +1,71 @@
+"""The node's HTTP app: Workers AI REST, its OpenAI-compatible routes, catalog, health, metrics.
+
+Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node secret):
+  POST API/run/{model}             Workers AI run: the model's task inputs, CF envelope
+  GET  API/models/search           catalog search, CF envelope with result_info
+  GET  API/models/schema?model=    the model's input/output JSON Schema
+  POST API/v1/chat/completions     OpenAI chat completions (bare OpenAI bodies and errors)
+  POST API/v1/embeddings           OpenAI embeddings
+  GET  API/v1/models               OpenAI model list (runnable models)
+  GET  /health                     503 until the node is ready, then node.health()
+  GET  /metrics                    Prometheus text (names in runtime.server.metrics)
+Health and metrics need no secret: load balancers and scrapers probe them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import Mount, Route
+
+from runtime.errors import EdgefireError
+from runtime.node.node import EdgeNode
+from runtime.server.auth import NodeSecretMiddleware
+from runtime.server.catalog_api import CatalogRoutes
+from runtime.server.embedding import Embedder
+from runtime.server.errors import InternalErrorMiddleware, handle_error
+from runtime.server.generation import TextGenerator
+from runtime.server.metrics import ServerMetrics
+from runtime.server.native import WorkersAIRoutes
+from runtime.server.openai_compat import OpenAIRoutes
+from runtime.server.ops import OpsRoutes
+
+API_PREFIX = "/client/v4/accounts/{account_id}/ai"
+
+
+def create_app(node: EdgeNode) -> Starlette:
+    metrics = ServerMetrics(node)
+    text, embedder = TextGenerator(node, metrics), Embedder(node, metrics)
+    native = WorkersAIRoutes(node, text, embedder)
+    openai = OpenAIRoutes(node, text, embedder)
+    catalog = CatalogRoutes(node.catalog)
+    ops = OpsRoutes(node, metrics)
+    api = [
+        Route("/run/{model:path}", native.run, methods=["POST"]),
+        Route("/models/search", catalog.search, methods=["GET"]),
+        Route("/models/schema", catalog.schema, methods=["GET"]),
+        Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
+        Route("/v1/models", openai.models, methods=["GET"]),
+    ]
+    routes = [
+        Mount(API_PREFIX, routes=api, middleware=[Middleware(NodeSecretMiddleware, node=node)]),
+        Route("/health", ops.health, methods=["GET"]),
+        Route("/metrics", ops.prometheus, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        node.start()
+        try:
+            yield
+        finally:
+            node.stop()
+
+    handlers = {EdgefireError: handle_error, HTTPException: handle_error}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                     middleware=[Middleware(InternalErrorMiddleware)])

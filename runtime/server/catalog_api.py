@@ -1,0 +1,98 @@
+"""The catalog as Workers AI lists it: `GET …/ai/models/search` and `GET …/ai/models/schema`.
+
+A model's properties are its context window, then any catalog field named like a Workers AI
+property (`price`, `function_calling`, …: _PROPERTY_IDS), then `planning_only` for models that
+cannot run here. Values are strings except `price`, as Cloudflare's.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.catalog import Catalog, ModelSpec
+from runtime.errors import InvalidInputError
+from runtime.server.envelope import success
+from runtime.server.inputs import find_model
+from runtime.server.tasks import TASKS, task_of
+
+_PROPERTY_IDS = ("price", "function_calling", "reasoning", "vision", "async_queue", "beta",
+                 "lora", "terms", "info", "max_input_tokens", "output_dimensions", "partner",
+                 "realtime", "planned_deprecation_date")
+
+# Catalog fields the engine reads that Workers AI also shows, under its own name.
+_RENAMED = {"dimensions": "output_dimensions"}
+
+
+def author(model_id: str) -> str:
+    """`meta` for `@cf/meta/llama-…`."""
+    parts = model_id.split("/")
+    return parts[1] if len(parts) > 2 else ""
+
+
+def model_object(spec: ModelSpec) -> dict:
+    task = task_of(spec.task)
+    return {
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, spec.id)),
+        "source": 1,
+        "name": spec.id,
+        "description": spec.description.strip(),
+        "task": {"id": task.id, "name": task.name, "description": task.description},
+        "tags": list(spec.extra.get("tags", ())),
+        "properties": _properties(spec),
+    }
+
+
+class CatalogRoutes:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    async def search(self, request: Request) -> Response:
+        query = request.query_params
+        page, per_page = _positive(query, "page", 1), _positive(query, "per_page", 20)
+        found = [spec for spec in self.catalog.specs if _matches(spec, query)]
+        shown = found[(page - 1) * per_page:page * per_page]
+        return success([model_object(spec) for spec in shown],
+                       {"page": page, "per_page": per_page, "count": len(shown),
+                        "total_count": len(found)})
+
+    async def schema(self, request: Request) -> Response:
+        name = request.query_params.get("model")
+        if not name:
+            raise InvalidInputError("the model query parameter is required", field="model")
+        task = TASKS[find_model(self.catalog, name, TASKS, runnable=False).task]
+        return success({"input": task.input_schema, "output": task.output_schema})
+
+
+def _matches(spec: ModelSpec, query: QueryParams) -> bool:
+    task, text, who = query.get("task"), query.get("search"), query.get("author")
+    if task and task.lower() not in (spec.task, task_of(spec.task).name.lower()):
+        return False
+    if text and text.lower() not in f"{spec.id}\n{spec.description}".lower():
+        return False
+    return not who or who.lower() == author(spec.id).lower()
+
+
+def _positive(query: QueryParams, key: str, default: int) -> int:
+    value = query.get(key, str(default))
+    if not value.isdigit() or int(value) < 1:
+        raise InvalidInputError(f"{key} must be a positive integer", field=key)
+    return int(value)
+
+
+def _properties(spec: ModelSpec) -> list[dict]:
+    found = {"context_window": str(spec.context_window)}
+    for key, value in spec.extra.items():
+        key = _RENAMED.get(key, key)
+        if key in _PROPERTY_IDS:
+            found[key] = value if key == "price" else _string(value)
+    if not spec.runnable:
+        found["planning_only"] = "true"
+    return [{"property_id": key, "value": value} for key, value in found.items()]
+
+
+def _string(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,137 @@
+"""The one place request errors become API bodies: a Cloudflare envelope or an OpenAI error.
+
+Typed errors (runtime.errors.EdgefireError and the server's own below) carry their code and
+HTTP status; anything else is an internal error (3001, 500), logged with its traceback and
+never shown in detail. It is answered by InternalErrorMiddleware rather than by Starlette's
+server-error handler, which re-raises and makes the ASGI server drop the client's connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.errors import EdgefireError
+
+log = logging.getLogger(__name__)
+
+BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."
+
+OPENAI_PATH_MARK = "/ai/v1/"
+
+# OpenAI clients branch on `type`; statuses not listed here are server errors.
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                 404: "invalid_request_error", 405: "invalid_request_error",
+                 408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+class RequestTooLargeError(EdgefireError):
+    code = 3006
+    status = 413
+
+    def __init__(self) -> None:
+        super().__init__("Request is too large")
+
+
+class RequestTimeoutError(EdgefireError):
+    code = 3007
+    status = 408
+
+    def __init__(self) -> None:
+        super().__init__("Request timeout")
+
+
+class AuthenticationError(EdgefireError):
+    code = 10000
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("Authentication error")
+
+
+class InternalError(EdgefireError):
+    code = 3001
+    status = 500
+
+    def __init__(self) -> None:
+        super().__init__("Internal server error")
+
+
+class RouteError(EdgefireError):
+    """No route for the URI (7000, 404) or not for this method (7001, 405), as Cloudflare says."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.code = 7001 if status == 405 else 7000
+        super().__init__("Method not allowed" if status == 405 else "No route for that URI")
+
+
+def as_api_error(exc: BaseException) -> EdgefireError:
+    if isinstance(exc, EdgefireError):
+        return exc
+    if isinstance(exc, HTTPException) and exc.status_code in (404, 405):
+        return RouteError(exc.status_code)
+    return InternalError()
+
+
+def error_body(exc: EdgefireError, openai: bool) -> dict:
+    if openai:
+        return {"error": {"message": exc.message,
+                          "type": _OPENAI_TYPES.get(exc.status, "server_error"),
+                          "param": exc.field, "code": str(exc.code)}}
+    return {"result": None, "success": False,
+            "errors": [{"code": exc.code, "message": exc.message}], "messages": []}
+
+
+def is_openai_path(path: str) -> bool:
+    return OPENAI_PATH_MARK in path
+
+
+async def handle_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette exception handler for every route (and for requests no route matched)."""
+    error = as_api_error(exc)
+    return JSONResponse(error_body(error, is_openai_path(request.url.path)), error.status)
+
+
+class InternalErrorMiddleware:
+    """Answers an unexpected exception with 3001 and keeps the connection usable."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # mid-response: there is no clean way to answer any more
+                raise
+            body = error_body(InternalError(), is_openai_path(scope.get("path", "")))
+            await JSONResponse(body, InternalError.status)(scope, receive, send)
+
+
+@contextlib.asynccontextmanager
+async def time_limit(seconds: float) -> AsyncIterator[None]:
+    """Cancel the block after `seconds` and report it as Workers AI's timeout (3007)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise RequestTimeoutError() from None

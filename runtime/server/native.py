@@ -1,0 +1,66 @@
+"""Workers AI's run route: `POST …/ai/run/{model}` with the model's own inputs and outputs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.catalog import ModelSpec
+from runtime.errors import InvalidInputError
+from runtime.node.node import EdgeNode
+from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
+from runtime.server.embedding import Embedder, texts_input
+from runtime.server.envelope import success
+from runtime.server.generation import Generation, TextGenerator, usage_json
+from runtime.server.inputs import find_model, optional, read_json, reject_if_busy, sampling_params
+from runtime.server.prompts import prompt_input
+from runtime.server.sse import EventStream
+
+_Handler = Callable[[str, ModelSpec, dict[str, Any]], Awaitable[Response]]
+
+
+class WorkersAIRoutes:
+    def __init__(self, node: EdgeNode, text: TextGenerator, embedder: Embedder) -> None:
+        self.node = node
+        self.text = text
+        self.embedder = embedder
+        self._by_task: dict[str, _Handler] = {TEXT_GENERATION: self._generate,
+                                              TEXT_EMBEDDINGS: self._embed}
+
+    async def run(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        spec = find_model(self.node.catalog, name, self._by_task)
+        body = await read_json(request, self.node.settings.max_request_bytes)
+        return await self._by_task[spec.task](request.path_params["account_id"], spec, body)
+
+    async def _generate(self, account_id: str, spec: ModelSpec, body: dict[str, Any]) -> Response:
+        prompt = prompt_input(body)
+        params = [sampling_params(body, ("max_tokens",))]
+        busy = reject_if_busy(body)
+        if optional(body, "stream", bool, False):
+            generation = await self.text.start(account_id, spec, prompt, params, busy)
+            return EventStream(_events(generation), generation.close, openai=False)
+        [done] = await self.text.complete(account_id, spec, prompt, params, busy)
+        return success({"response": done.text, "usage": usage_json([done.usage])})
+
+    async def _embed(self, account_id: str, spec: ModelSpec, body: dict[str, Any]) -> Response:
+        texts = texts_input(body.get("text"), "text")
+        pooling = spec.extra.get("pooling", "mean")
+        if optional(body, "pooling", str, pooling) != pooling:
+            raise InvalidInputError(f"pooling must be {pooling!r} for {spec.id}",
+                                    field="pooling")
+        embeddings = await self.embedder.embed(spec, texts)
+        vectors = embeddings.vectors
+        return success({"shape": list(vectors.shape), "data": vectors.tolist(),
+                        "pooling": pooling})
+
+
+async def _events(generation: Generation) -> AsyncIterator[dict]:
+    async for output in generation.outputs(0):
+        if output.text:
+            yield {"response": output.text}
+        if output.finished:
+            yield {"response": "", "usage": usage_json([output.usage])}

@@ -1,0 +1,117 @@
+"""OpenAI-compatible routes under `…/ai/v1/`: bare OpenAI bodies, no Cloudflare envelope."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import torch
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runtime.errors import InvalidInputError
+from runtime.node.node import EdgeNode
+from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
+from runtime.server.catalog_api import author
+from runtime.server.embedding import Embedder, texts_input
+from runtime.server.generation import Completion, Generation, TextGenerator, per_choice, usage_json
+from runtime.server.inputs import (
+    find_model,
+    optional,
+    read_json,
+    reject_if_busy,
+    required,
+    sampling_params,
+)
+from runtime.server.prompts import prompt_input
+from runtime.server.sse import EventStream
+
+MAX_CHOICES = 8
+_ENCODINGS = ("float", "base64")
+
+
+class OpenAIRoutes:
+    def __init__(self, node: EdgeNode, text: TextGenerator, embedder: Embedder) -> None:
+        self.node = node
+        self.text = text
+        self.embedder = embedder
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await read_json(request, self.node.settings.max_request_bytes)
+        name = required(body, "model", str)
+        spec = find_model(self.node.catalog, name, (TEXT_GENERATION,))
+        prompt = prompt_input(body, allow_prompt=False)
+        n = optional(body, "n", int, 1)
+        if not 1 <= n <= MAX_CHOICES:
+            raise InvalidInputError(f"n must be between 1 and {MAX_CHOICES}", field="n")
+        params = per_choice(sampling_params(body, ("max_completion_tokens", "max_tokens")), n)
+        busy = reject_if_busy(body)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+        account_id = request.path_params["account_id"]
+        if optional(body, "stream", bool, False):
+            include_usage = optional(optional(body, "stream_options", dict, {}),
+                                     "include_usage", bool, False)
+            generation = await self.text.start(account_id, spec, prompt, params, busy)
+            return EventStream(_chunks(generation, head, include_usage), generation.close,
+                               openai=True)
+        done = await self.text.complete(account_id, spec, prompt, params, busy)
+        return JSONResponse(_completion(head, done))
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await read_json(request, self.node.settings.max_request_bytes)
+        name = required(body, "model", str)
+        spec = find_model(self.node.catalog, name, (TEXT_EMBEDDINGS,))
+        texts = texts_input(body.get("input"), "input")
+        encoding = optional(body, "encoding_format", str, "float")
+        if encoding not in _ENCODINGS:
+            raise InvalidInputError(f"encoding_format must be one of {_ENCODINGS}",
+                                    field="encoding_format")
+        embeddings = await self.embedder.embed(spec, texts)
+        data = [{"object": "embedding", "index": i, "embedding": _vector(row, encoding)}
+                for i, row in enumerate(embeddings.vectors)]
+        tokens = embeddings.num_tokens
+        return JSONResponse({"object": "list", "data": data, "model": name,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def models(self, request: Request) -> Response:
+        data = [{"id": spec.id, "object": "model", "created": 0, "owned_by": author(spec.id)}
+                for spec in self.node.catalog.specs if spec.runnable and spec.weights]
+        return JSONResponse({"object": "list", "data": data})
+
+
+def _completion(head: dict, done: list[Completion]) -> dict:
+    return {**head, "object": "chat.completion",
+            "choices": [{"index": i, "finish_reason": c.finish_reason, "logprobs": None,
+                         "message": {"role": "assistant", "content": c.text, "refusal": None}}
+                        for i, c in enumerate(done)],
+            "usage": usage_json([c.usage for c in done])}
+
+
+async def _chunks(generation: Generation, head: dict,
+                  include_usage: bool) -> AsyncIterator[dict]:
+    # With include_usage every chunk carries `usage`: null, and one last chunk the totals.
+    head = {**head, "object": "chat.completion.chunk"} | ({"usage": None} if include_usage else {})
+
+    def chunk(index: int, delta: dict, finish_reason: str | None = None) -> dict:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                     "finish_reason": finish_reason}]}
+
+    usages = []
+    for index in range(generation.num_choices):
+        yield chunk(index, {"role": "assistant", "content": ""})
+        async for output in generation.outputs(index):
+            if output.text:
+                yield chunk(index, {"content": output.text})
+            if output.finished:
+                usages.append(output.usage)
+                yield chunk(index, {}, output.finish_reason)
+    if include_usage:
+        yield {**head, "choices": [], "usage": usage_json(usages)}
+
+
+def _vector(row: torch.Tensor, encoding: str) -> list[float] | str:
+    if encoding == "base64":  # little-endian float32, as OpenAI's clients decode it
+        return base64.b64encode(row.numpy().astype("<f4").tobytes()).decode()
+    return row.tolist()

@@ -1,0 +1,49 @@
+"""Shared fixtures: a private warm-start cache, and real HTTP servers for an app."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import pytest
+import uvicorn
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # The run gets a warm-start cache of its own: it starts empty, so a first load really
+    # converts (and runs its codec), and nothing is left behind in the user's ~/.cache.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EDGEFIRE_CACHE_DIR", str(tmp_path_factory.mktemp("warm-cache")))
+        yield
+
+
+@contextlib.contextmanager
+def _running(app) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def serve() -> Callable[[object], AbstractContextManager[str]]:
+    """`with serve(app) as base_url:` runs app over real HTTP until the block ends."""
+    return _running
