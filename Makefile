@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(VENV)/bin/edge-node start --city $(CITY)
+	$(VENV)/bin/edge-gateway dev --city $(CITY)
 
 generate: setup
 	$(VENV)/bin/edgefire generate "$(PROMPT)" --temperature 0 --max-tokens 64

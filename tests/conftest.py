@@ -22,11 +22,15 @@ def _private_warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         yield
 
 
-@contextlib.contextmanager
-def _running(app) -> Iterator[str]:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _running(app, port: int | None = None) -> Iterator[str]:
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
@@ -45,5 +49,5 @@ def _running(app) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def serve() -> Callable[[object], AbstractContextManager[str]]:
-    """`with serve(app) as base_url:` runs app over real HTTP until the block ends."""
+    """`with serve(app[, port]) as base_url:` runs app over real HTTP until the block ends."""
     return _running

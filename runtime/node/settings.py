@@ -20,3 +20,6 @@ class NodeSettings(BaseSettings):
     max_request_bytes: int = 1 << 20
     dtype: str = "auto"
     kv_backend: str = "local_paged"
+    gateway_url: str | None = None  # set, the node heartbeats to this gateway
+    public_url: str | None = None  # the URL the gateway reaches this node at
+    heartbeat_interval_s: float = 2.0

@@ -23,8 +23,8 @@ from runtime.plugins.registry import Registration, Registry
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "edgefire"
-DEFAULT_PLUGINS = ("plugins.llama", "plugins.local_paged", "plugins.identity_codec",
-                   "plugins.bert")
+DEFAULT_PLUGINS = ("plugins.llama", "plugins.bert", "plugins.local_paged",
+                   "plugins.identity_codec", "plugins.providers")
 
 
 @dataclass(slots=True)

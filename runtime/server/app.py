@@ -23,6 +23,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 
 from runtime.errors import EdgefireError
+from runtime.node.heartbeat import HeartbeatSender
 from runtime.node.node import EdgeNode
 from runtime.server.auth import NodeSecretMiddleware
 from runtime.server.catalog_api import CatalogRoutes
@@ -61,9 +62,14 @@ def create_app(node: EdgeNode) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         node.start()
+        heartbeat = HeartbeatSender.from_node(node)
+        if heartbeat is not None:
+            await heartbeat.start()
         try:
             yield
         finally:
+            if heartbeat is not None:
+                await heartbeat.stop()
             node.stop()
 
     handlers = {EdgefireError: handle_error, HTTPException: handle_error}

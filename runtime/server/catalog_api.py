@@ -33,6 +33,13 @@ def author(model_id: str) -> str:
     return parts[1] if len(parts) > 2 else ""
 
 
+def openai_model_list(catalog: Catalog) -> dict:
+    """The runnable models as OpenAI's `GET /v1/models` lists them."""
+    data = [{"id": spec.id, "object": "model", "created": 0, "owned_by": author(spec.id)}
+            for spec in catalog.specs if spec.runnable and spec.weights]
+    return {"object": "list", "data": data}
+
+
 def model_object(spec: ModelSpec) -> dict:
     task = task_of(spec.task)
     return {

@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 
 BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."
 
-OPENAI_PATH_MARK = "/ai/v1/"
+# Paths whose clients speak OpenAI: the node's /ai/v1/ routes and, at the gateway, the
+# Workers AI OpenAI routes behind a gateway and the unified compat endpoint.
+OPENAI_PATH_MARKS = ("/ai/v1/", "/workers-ai/v1/", "/compat/chat/")
 
 # OpenAI clients branch on `type`; statuses not listed here are server errors.
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -91,7 +93,7 @@ def error_body(exc: EdgefireError, openai: bool) -> dict:
 
 
 def is_openai_path(path: str) -> bool:
-    return OPENAI_PATH_MARK in path
+    return any(mark in path for mark in OPENAI_PATH_MARKS)
 
 
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:

@@ -21,8 +21,8 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", str: "a string", dict: "an 
                list: "an array"}
 
 
-async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object; 3006 past max_bytes (declared or read), 5006 if not JSON."""
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body; 3006 past max_bytes, whether declared or found while reading."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise RequestTooLargeError()
@@ -32,13 +32,23 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
         if size > max_bytes:  # chunked bodies declare no length
             raise RequestTooLargeError()
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes, kind: type = dict) -> Any:
+    """raw as JSON of the given kind (an object unless told), else 5006."""
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except ValueError:
         raise InvalidInputError("the request body is not valid JSON", field="body") from None
-    if not isinstance(body, dict):
-        raise InvalidInputError("the request body must be a JSON object", field="body")
+    if not isinstance(body, kind):
+        raise InvalidInputError(f"the request body must be {_TYPE_NAMES[kind]}", field="body")
     return body
+
+
+async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object; 3006 past max_bytes (declared or read), 5006 if not JSON."""
+    return parse_json(await read_body(request, max_bytes))
 
 
 def optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from runtime.errors import InvalidInputError
 from runtime.node.node import EdgeNode
 from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
-from runtime.server.catalog_api import author
+from runtime.server.catalog_api import openai_model_list
 from runtime.server.embedding import Embedder, texts_input
 from runtime.server.generation import Completion, Generation, TextGenerator, per_choice, usage_json
 from runtime.server.inputs import (
@@ -76,9 +76,7 @@ class OpenAIRoutes:
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def models(self, request: Request) -> Response:
-        data = [{"id": spec.id, "object": "model", "created": 0, "owned_by": author(spec.id)}
-                for spec in self.node.catalog.specs if spec.runnable and spec.weights]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(openai_model_list(self.node.catalog))
 
 
 def _completion(head: dict, done: list[Completion]) -> dict:

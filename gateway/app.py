@@ -1,0 +1,72 @@
+"""The gateway's HTTP app: the node's Workers AI and OpenAI routes for many accounts, the AI
+Gateway URL forms, gateway and log administration, and the nodes' heartbeat endpoint.
+
+  POST /client/v4/accounts/{acct}/ai/run/{model}           Workers AI REST (token required)
+  POST /client/v4/accounts/{acct}/ai/v1/chat/completions    OpenAI-compatible; also embeddings
+  GET  /client/v4/accounts/{acct}/ai/v1/models, …/ai/models/search, …/ai/models/schema
+  POST /v1/{acct}/{gateway}                                 universal endpoint (array of steps)
+  POST /v1/{acct}/{gateway}/compat/chat/completions         model "{provider}/{model}"
+  POST /v1/{acct}/{gateway}/{provider}/{path}               e.g. workers-ai/@cf/…, workers-ai/v1/…
+  GET|POST /client/v4/accounts/{acct}/ai-gateway/gateways  (GET|PUT|DELETE …/{gateway})
+  GET|DELETE …/gateways/{gateway}/logs, GET …/logs/{id}
+  POST /internal/nodes/heartbeat, GET /internal/nodes, GET /health
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from gateway.routes_admin import AdminRoutes
+from gateway.routes_inference import InferenceRoutes
+from gateway.state import GatewayState
+from runtime.errors import EdgefireError
+from runtime.server.catalog_api import CatalogRoutes
+from runtime.server.errors import InternalErrorMiddleware, handle_error
+
+ACCOUNT = "/client/v4/accounts/{account_id}"
+GATEWAY = "/v1/{account_id}/{gateway_id}"
+
+
+def create_app(state: GatewayState) -> Starlette:
+    infer, admin = InferenceRoutes(state), AdminRoutes(state)
+    catalog = CatalogRoutes(state.catalog)
+    gateways = f"{ACCOUNT}/ai-gateway/gateways"
+    routes = [
+        Route(f"{ACCOUNT}/ai/run/{{model:path}}", infer.run, methods=["POST"]),
+        Route(f"{ACCOUNT}/ai/v1/chat/completions", infer.openai, methods=["POST"]),
+        Route(f"{ACCOUNT}/ai/v1/embeddings", infer.openai, methods=["POST"]),
+        Route(f"{ACCOUNT}/ai/v1/models", infer.models, methods=["GET"]),
+        Route(f"{ACCOUNT}/ai/models/search", catalog.search, methods=["GET"]),
+        Route(f"{ACCOUNT}/ai/models/schema", catalog.schema, methods=["GET"]),
+        Route(GATEWAY, infer.universal, methods=["POST"]),
+        Route(f"{GATEWAY}/compat/chat/completions", infer.compat, methods=["POST"]),
+        Route(f"{GATEWAY}/{{provider}}/{{path:path}}", infer.provider, methods=["POST"]),
+        Route(gateways, admin.list_gateways, methods=["GET"]),
+        Route(gateways, admin.create_gateway, methods=["POST"]),
+        Route(f"{gateways}/{{gateway_id}}", admin.get_gateway, methods=["GET"]),
+        Route(f"{gateways}/{{gateway_id}}", admin.update_gateway, methods=["PUT"]),
+        Route(f"{gateways}/{{gateway_id}}", admin.delete_gateway, methods=["DELETE"]),
+        Route(f"{gateways}/{{gateway_id}}/logs", admin.list_logs, methods=["GET"]),
+        Route(f"{gateways}/{{gateway_id}}/logs", admin.delete_logs, methods=["DELETE"]),
+        Route(f"{gateways}/{{gateway_id}}/logs/{{log_id}}", admin.get_log, methods=["GET"]),
+        Route("/internal/nodes/heartbeat", admin.heartbeat, methods=["POST"]),
+        Route("/internal/nodes", admin.nodes, methods=["GET"]),
+        Route("/health", admin.health, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await state.close()
+
+    handlers = {EdgefireError: handle_error, HTTPException: handle_error}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                     middleware=[Middleware(InternalErrorMiddleware)])

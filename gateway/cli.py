@@ -1,0 +1,73 @@
+"""`edge-gateway`: run the gateway, manage accounts and tokens, or start a local dev fleet."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from gateway.cli_accounts import add_account_commands
+from gateway.db import Database
+from gateway.settings import GatewaySettings
+from runtime.errors import EdgefireError
+
+
+def _start(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.state import GatewayState
+
+    settings = _settings(args)
+    app = create_app(GatewayState.build(settings))
+    uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port, log_level="info")
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from gateway.dev import run_dev_fleet
+
+    return run_dev_fleet(_settings(args), args.city, Path(args.dev_file))
+
+
+def _settings(args: argparse.Namespace) -> GatewaySettings:
+    overrides = {}
+    if getattr(args, "config", None):
+        overrides["gateway_config"] = Path(args.config)
+    if getattr(args, "port", None):
+        overrides["gateway_port"] = args.port
+    return GatewaySettings(**overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    parser = argparse.ArgumentParser(prog="edge-gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="serve the gateway")
+    start.add_argument("--config", help="gateway.yaml: providers and an IP → city map")
+    start.add_argument("--port", type=int)
+    start.set_defaults(func=_start)
+    dev = sub.add_parser("dev", help="a gateway plus edge nodes and a development account")
+    dev.add_argument("--city", action="append", default=None, help="repeatable; default fra")
+    dev.add_argument("--config")
+    dev.add_argument("--port", type=int)
+    dev.add_argument("--dev-file", default=".edgefire/dev.json")
+    dev.set_defaults(func=_dev)
+
+    def open_db() -> Database:
+        path = GatewaySettings().gateway_db
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Database(path)
+
+    add_account_commands(sub, open_db)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except EdgefireError as exc:
+        print(f"edge-gateway: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

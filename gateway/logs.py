@@ -1,0 +1,154 @@
+"""Per-gateway request logs (reference §5.7), always read and written within one account."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from gateway.db import Database, iso_time
+from gateway.errors import NotFoundError
+from runtime.errors import InvalidInputError
+
+MAX_PER_PAGE = 100
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_RANDOM_BITS = 80
+_id_lock = threading.Lock()
+_last_id: tuple[int, int] = (-1, 0)
+
+
+def new_log_id(created_at: float | None = None) -> str:
+    """A ULID: 48-bit millisecond time then 80 random bits, as 26 Crockford base32 characters.
+
+    Ids made in the same millisecond count up from the first one's random part, so ids sort in
+    creation order, which is what lets AI Gateway log ids double as a time cursor.
+    """
+    global _last_id
+    ms = int((time.time() if created_at is None else created_at) * 1000)
+    with _id_lock:
+        last_ms, last_random = _last_id
+        if ms == last_ms and last_random + 1 < 1 << _RANDOM_BITS:
+            random_part = last_random + 1
+        else:
+            random_part = secrets.randbits(_RANDOM_BITS)
+        _last_id = (ms, random_part)
+    value = (ms << _RANDOM_BITS) | random_part
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+@dataclass(slots=True, kw_only=True)
+class LogRecord:
+    account_id: str
+    gateway_id: str
+    provider: str
+    model: str
+    path: str
+    status_code: int
+    success: bool
+    request_type: str | None = None
+    cached: bool = False
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost: float | None = None
+    duration_ms: int = 0
+    metadata: dict = field(default_factory=dict)
+    step: int | None = None
+    node: str | None = None  # the edge node that served the request (an emulator extension)
+    created_at: float = field(default_factory=time.time)
+    id: str = ""  # assigned from created_at when left empty
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = new_log_id(self.created_at)
+
+    def to_json(self) -> dict:
+        """The REST log object, where `metadata` is a JSON string and times are ISO 8601."""
+        return {
+            "id": self.id,
+            "provider": self.provider,
+            "model": self.model,
+            "path": self.path,
+            "request_type": self.request_type,
+            "status_code": self.status_code,
+            "success": self.success,
+            "cached": self.cached,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "cost": self.cost,
+            "duration": self.duration_ms,
+            "metadata": json.dumps(self.metadata) if self.metadata else None,
+            "step": self.step,
+            "node": self.node,
+            "created_at": iso_time(self.created_at),
+        }
+
+
+def _record(row: sqlite3.Row) -> LogRecord:
+    values = dict(row)
+    values["success"] = bool(values["success"])
+    values["cached"] = bool(values["cached"])
+    values["metadata"] = json.loads(values["metadata"])
+    return LogRecord(**values)
+
+
+def _where(account_id: str, gateway_id: str, success: bool | None, cached: bool | None,
+           provider: str | None, model: str | None) -> tuple[str, list[object]]:
+    clauses = ["account_id = ?", "gateway_id = ?"]
+    params: list[object] = [account_id, gateway_id]
+    for column, value in (("success", success), ("cached", cached), ("provider", provider),
+                          ("model", model)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    return " AND ".join(clauses), params
+
+
+class LogStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def add(self, record: LogRecord) -> None:
+        """Store a log; NotFoundError if its gateway no longer exists (deleted mid-request)."""
+        row = asdict(record)
+        row["metadata"] = json.dumps(record.metadata)
+        columns = ", ".join(row)
+        try:
+            self.db.execute(f"INSERT INTO logs ({columns}) VALUES ({', '.join('?' * len(row))})",
+                            tuple(row.values()))
+        except sqlite3.IntegrityError as exc:
+            if "FOREIGN KEY" not in str(exc):
+                raise
+            raise NotFoundError(f"no gateway {record.gateway_id!r}", field="gateway_id") from None
+
+    def get(self, account_id: str, gateway_id: str, log_id: str) -> LogRecord | None:
+        rows = self.db.query(
+            "SELECT * FROM logs WHERE account_id = ? AND gateway_id = ? AND id = ?",
+            (account_id, gateway_id, log_id))
+        return _record(rows[0]) if rows else None
+
+    def list(self, account_id: str, gateway_id: str, *, page: int = 1, per_page: int = 20,
+             success: bool | None = None, cached: bool | None = None,
+             provider: str | None = None, model: str | None = None,
+             order_desc: bool = True) -> tuple[list[LogRecord], int]:
+        """One page of the gateway's logs, oldest or newest first, and the total that match."""
+        if type(page) is not int or page < 1:
+            raise InvalidInputError("page must be a positive integer", field="page")
+        if type(per_page) is not int or not 1 <= per_page <= MAX_PER_PAGE:
+            raise InvalidInputError(f"per_page must be 1..{MAX_PER_PAGE}", field="per_page")
+        where, params = _where(account_id, gateway_id, success, cached, provider, model)
+        total = self.db.query(f"SELECT COUNT(*) FROM logs WHERE {where}", params)[0][0]
+        direction = "DESC" if order_desc else "ASC"
+        rows = self.db.query(
+            f"SELECT * FROM logs WHERE {where} ORDER BY created_at {direction}, id {direction}"
+            " LIMIT ? OFFSET ?", (*params, per_page, (page - 1) * per_page))
+        return [_record(row) for row in rows], total
+
+    def delete(self, account_id: str, gateway_id: str, *, success: bool | None = None,
+               cached: bool | None = None, provider: str | None = None,
+               model: str | None = None) -> int:
+        """Delete the gateway's logs that match every given filter; how many went."""
+        where, params = _where(account_id, gateway_id, success, cached, provider, model)
+        return self.db.execute(f"DELETE FROM logs WHERE {where}", params)

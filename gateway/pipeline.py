@@ -1,0 +1,214 @@
+"""One gateway request: rate limit, cache, provider steps with retries and fallback, log.
+
+Steps are tried in order (one step for the provider URL forms, several for the universal
+endpoint); a step that cannot be reached, times out, or answers 5xx/429 hands over to the next.
+A streamed answer is passed through as it arrives and logged when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import anyio
+from starlette.responses import Response, StreamingResponse
+
+from gateway.cache import CachedResponse, CachePolicy, ResponseCache, cache_key, parse_cache_headers
+from gateway.errors import NotFoundError
+from gateway.gateways import GatewayConfig
+from gateway.logs import LogRecord, LogStore
+from gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
+from gateway.providers.base import Provider, UpstreamError, UpstreamRequest, UpstreamResponse
+from gateway.ratelimit import RateLimiter
+from gateway.retries import RetryPolicy, send_with_retries
+from gateway.usage import Tokens, tokens_from_json, tokens_from_sse
+from runtime.catalog import Catalog
+from runtime.errors import EdgefireError, InvalidInputError, UnknownModelError
+from runtime.server.errors import RequestTimeoutError
+
+log = logging.getLogger(__name__)
+
+_TAIL_BYTES = 8192  # enough of a stream's end to find its usage event
+
+
+class RateLimitedError(EdgefireError):
+    """The gateway's rate limit is reached (AI Gateway documents the 429, not a code)."""
+
+    code = 2003
+    status = 429
+
+
+@dataclass(slots=True)
+class Step:
+    provider: str
+    request: UpstreamRequest
+    model: str | None
+    retry: RetryPolicy
+    headers: Mapping[str, str]  # cache/log headers for this step (step-level ones win)
+
+
+@dataclass(slots=True)
+class GatewayRequest:
+    account_id: str
+    gateway: GatewayConfig | None  # None: a plain Workers AI call, no gateway features
+    path: str
+    request_type: str
+    steps: list[Step]
+    universal: bool = False
+
+
+@dataclass(slots=True)
+class _Answer:
+    response: UpstreamResponse
+    step: int
+    cached: bool
+
+
+class Pipeline:
+    def __init__(self, providers: dict[str, Provider], cache: ResponseCache,
+                 limiter: RateLimiter, logs: LogStore, catalog: Catalog) -> None:
+        self.providers = providers
+        self.cache = cache
+        self.limiter = limiter
+        self.logs = logs
+        self.catalog = catalog
+
+    async def handle(self, request: GatewayRequest) -> Response:
+        started = time.perf_counter()
+        gateway = request.gateway
+        if gateway is not None and gateway.rate_limiting_limit:
+            decision = await self.limiter.hit(
+                f"{request.account_id}:{gateway.id}", gateway.rate_limiting_limit,
+                gateway.rate_limiting_interval or 60, gateway.rate_limiting_technique)
+            if not decision.allowed:
+                raise RateLimitedError(f"Rate limit exceeded for gateway {gateway.id}; retry in "
+                                       f"{decision.retry_after_s:.0f}s")
+        answer = await self._first_answer(request)
+        return self._respond(request, answer, started)
+
+    async def _first_answer(self, request: GatewayRequest) -> _Answer:
+        failure: Exception | None = None
+        kept: _Answer | None = None
+        for index, step in enumerate(request.steps):
+            try:
+                answer = await self._fetch(request, step, index)
+            except (UpstreamError, RequestTimeoutError) as exc:
+                failure = exc
+                continue
+            if answer.response.status < 500 and answer.response.status != 429:
+                return answer
+            kept = answer
+        if kept is not None:
+            return kept
+        assert failure is not None, "a gateway request has at least one step"
+        raise failure
+
+    async def _fetch(self, request: GatewayRequest, step: Step, index: int) -> _Answer:
+        provider = self.providers.get(step.provider)
+        if provider is None:
+            raise InvalidInputError(f"unknown provider {step.provider!r}", field="provider")
+        policy = self._cache_policy(request, step)
+        key = None
+        if policy.enabled and not policy.skip and not step.request.stream:
+            key = cache_key(request.account_id, request.gateway.id, step.provider,
+                            step.request.path, step.request.body, policy.custom_key)
+            hit = await self.cache.get(key)
+            if hit is not None:
+                return _Answer(UpstreamResponse(hit.status, hit.headers, hit.body), index, True)
+        response = await send_with_retries(provider, step.request, step.retry)
+        if key is not None and response.status == 200:
+            await self.cache.set(key, CachedResponse(response.status, response.headers,
+                                                     response.body), policy.ttl_s)
+        return _Answer(response, index, False)
+
+    def _cache_policy(self, request: GatewayRequest, step: Step) -> CachePolicy:
+        if request.gateway is None:
+            return CachePolicy(enabled=False, ttl_s=None, skip=True, custom_key=None)
+        return parse_cache_headers(step.headers, request.gateway.cache_ttl)
+
+    def _respond(self, request: GatewayRequest, answer: _Answer, started: float) -> Response:
+        step = request.steps[answer.step]
+        upstream = answer.response
+        headers = dict(upstream.headers)
+        if request.gateway is not None:
+            headers["cf-aig-cache-status"] = "HIT" if answer.cached else "MISS"
+        if request.universal:
+            headers["cf-aig-step"] = str(answer.step)
+        record = self._log_record(request, answer, step) if self._collect(request, step) else None
+        if record is not None:
+            headers["cf-aig-log-id"] = record.id
+        if upstream.chunks is None:
+            if record is not None:
+                self._finish_log(record, step, tokens_from_json(upstream.body), started)
+            return Response(upstream.body, upstream.status, headers)
+        return StreamingResponse(self._relay(upstream, record, step, started), upstream.status,
+                                 headers)
+
+    async def _relay(self, upstream: UpstreamResponse, record: LogRecord | None, step: Step,
+                     started: float) -> AsyncIterator[bytes]:
+        tail = b""
+        try:
+            async for chunk in upstream.chunks:
+                tail = (tail + chunk)[-_TAIL_BYTES:]
+                yield chunk
+        finally:
+            # A client that leaves cancels this body; the upstream and the log still close.
+            with anyio.CancelScope(shield=True):
+                if upstream.close is not None:
+                    await upstream.close()
+                if record is not None:
+                    self._finish_log(record, step, tokens_from_sse(tail), started)
+
+    def _collect(self, request: GatewayRequest, step: Step) -> bool:
+        if request.gateway is None:
+            return False
+        override = step.headers.get("cf-aig-collect-log")
+        if override is not None:
+            return override.lower() == "true"
+        return request.gateway.collect_logs
+
+    def _log_record(self, request: GatewayRequest, answer: _Answer, step: Step) -> LogRecord:
+        return LogRecord(
+            account_id=request.account_id, gateway_id=request.gateway.id, provider=step.provider,
+            model=step.model or "", path=request.path, request_type=request.request_type,
+            status_code=answer.response.status, success=answer.response.ok,
+            cached=answer.cached, metadata=parse_metadata(step.headers),
+            step=answer.step if request.universal else None, node=answer.response.node)
+
+    def _finish_log(self, record: LogRecord, step: Step, tokens: Tokens, started: float) -> None:
+        record.tokens_in, record.tokens_out = tokens.tokens_in, tokens.tokens_out
+        record.duration_ms = round((time.perf_counter() - started) * 1000)
+        record.cost = self._cost(step, tokens)
+        try:
+            self.logs.add(record)
+        except NotFoundError:  # the gateway was deleted while the request ran; so are its logs
+            log.info("log %s dropped: gateway %s is gone", record.id, record.gateway_id)
+
+    def _cost(self, step: Step, tokens: Tokens) -> float | None:
+        custom = parse_custom_cost(step.headers.get("cf-aig-custom-cost"))
+        if custom is not None:
+            return apply_custom_cost(custom, tokens.tokens_in, tokens.tokens_out)
+        try:
+            price = self.catalog.get(step.model).extra.get("price") if step.model else None
+        except UnknownModelError:
+            price = None
+        return cost_usd(price, tokens.tokens_in, tokens.tokens_out, tokens.cached_in)
+
+
+def parse_metadata(headers: Mapping[str, str]) -> dict:
+    """cf-aig-metadata: a JSON object of up to 5 scalar entries (extra entries are dropped)."""
+    raw = headers.get("cf-aig-metadata")
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(
+            isinstance(v, str | int | float | bool) or v is None for v in data.values()):
+        raise InvalidInputError("cf-aig-metadata must be a JSON object of scalar values",
+                                field="cf-aig-metadata")
+    return dict(list(data.items())[:5])

@@ -1,0 +1,11 @@
+"""Providers: how the gateway turns a request into an upstream call (edge fleet or a URL)."""
+
+from gateway.providers.base import (
+    Provider,
+    ProviderContext,
+    UpstreamError,
+    UpstreamRequest,
+    UpstreamResponse,
+)
+
+__all__ = ["Provider", "ProviderContext", "UpstreamError", "UpstreamRequest", "UpstreamResponse"]

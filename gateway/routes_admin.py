@@ -1,0 +1,121 @@
+"""Account administration over REST: gateways (CRUD) and their logs; node heartbeats."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import AuthError, NotFoundError
+from gateway.state import GatewayState
+from runtime.errors import InvalidInputError
+from runtime.server.envelope import success
+from runtime.server.inputs import read_json
+
+
+class AdminRoutes:
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    def _account(self, request: Request) -> str:
+        account_id = request.path_params["account_id"]
+        self.state.auth.check(request.headers, account_id)
+        return account_id
+
+    async def list_gateways(self, request: Request) -> Response:
+        account_id = self._account(request)
+        return success([g.to_json() for g in self.state.gateways.list(account_id)])
+
+    async def create_gateway(self, request: Request) -> Response:
+        account_id = self._account(request)
+        body = await read_json(request, self.state.settings.max_request_bytes)
+        return success(self.state.gateways.create(account_id, body).to_json())
+
+    async def get_gateway(self, request: Request) -> Response:
+        account_id = self._account(request)
+        return success(self._gateway(account_id, request).to_json())
+
+    async def update_gateway(self, request: Request) -> Response:
+        account_id = self._account(request)
+        body = await read_json(request, self.state.settings.max_request_bytes)
+        gateway_id = request.path_params["gateway_id"]
+        return success(self.state.gateways.update(account_id, gateway_id, body).to_json())
+
+    async def delete_gateway(self, request: Request) -> Response:
+        account_id = self._account(request)
+        gateway_id = request.path_params["gateway_id"]
+        if not self.state.gateways.delete(account_id, gateway_id):
+            raise NotFoundError(f"gateway {gateway_id!r} not found", field="gateway_id")
+        return success({"id": gateway_id})
+
+    async def list_logs(self, request: Request) -> Response:
+        account_id = self._account(request)
+        gateway = self._gateway(account_id, request)
+        q = request.query_params
+        page, per_page = _int(q, "page", 1), _int(q, "per_page", 20)
+        rows, total = self.state.logs.list(
+            account_id, gateway.id, page=page, per_page=per_page, success=_bool(q, "success"),
+            cached=_bool(q, "cached"), provider=q.get("provider"), model=q.get("model"),
+            order_desc=q.get("order_by_direction", "desc") != "asc")
+        info = {"page": page, "per_page": per_page, "count": len(rows), "total_count": total}
+        return success([r.to_json() for r in rows], info)
+
+    async def get_log(self, request: Request) -> Response:
+        account_id = self._account(request)
+        gateway = self._gateway(account_id, request)
+        record = self.state.logs.get(account_id, gateway.id, request.path_params["log_id"])
+        if record is None:
+            raise NotFoundError("log not found", field="log_id")
+        return success(record.to_json())
+
+    async def delete_logs(self, request: Request) -> Response:
+        account_id = self._account(request)
+        gateway = self._gateway(account_id, request)
+        q = request.query_params
+        deleted = self.state.logs.delete(account_id, gateway.id, success=_bool(q, "success"),
+                                         cached=_bool(q, "cached"), provider=q.get("provider"),
+                                         model=q.get("model"))
+        return success({"deleted": deleted})
+
+    def _gateway(self, account_id: str, request: Request):
+        gateway_id = request.path_params["gateway_id"]
+        gateway = self.state.gateways.get(account_id, gateway_id)
+        if gateway is None:
+            raise NotFoundError(f"gateway {gateway_id!r} not found", field="gateway_id")
+        return gateway
+
+    # Nodes report themselves here; with a node secret configured, only they can.
+    async def heartbeat(self, request: Request) -> Response:
+        secret = self.state.settings.node_secret
+        sent = request.headers.get("x-edgefire-node-secret", "")
+        if secret and not hmac.compare_digest(sent.encode(), secret.encode()):
+            raise AuthError("Authentication error")
+        body = await read_json(request, self.state.settings.max_request_bytes)
+        node = self.state.directory.heartbeat(body)
+        return success({"city": node.city})
+
+    async def nodes(self, request: Request) -> Response:
+        return JSONResponse(self.state.directory.to_json())
+
+    async def health(self, request: Request) -> Response:
+        healthy = self.state.directory.healthy()
+        return JSONResponse({"status": "ok", "healthy_nodes": [n.city for n in healthy]})
+
+
+def _int(query, name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidInputError(f"{name} must be a positive integer", field=name)
+    return int(raw)
+
+
+def _bool(query, name: str) -> bool | None:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    if raw not in ("true", "false"):
+        raise InvalidInputError(f"{name} must be true or false", field=name)
+    return raw == "true"

@@ -1,0 +1,141 @@
+"""Inference routes: Workers AI REST and OpenAI routes, AI Gateway provider URLs, universal
+endpoint and the unified compat endpoint. Each becomes a GatewayRequest for the pipeline."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import NotFoundError
+from gateway.gateways import GatewayConfig
+from gateway.pipeline import GatewayRequest, Step
+from gateway.providers.base import UpstreamRequest
+from gateway.retries import RetryPolicy
+from gateway.state import GatewayState
+from runtime.errors import InvalidInputError
+from runtime.server.catalog_api import openai_model_list
+from runtime.server.inputs import parse_json, read_body
+
+WORKERS_AI = "workers-ai"
+
+
+class InferenceRoutes:
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    # Workers AI REST (`/client/v4/accounts/{acct}/ai/…`); cf-aig-gateway-id opts into a gateway.
+    async def run(self, request: Request) -> Response:
+        return await self._workers_ai(request, request.path_params["model"], "Workers AI REST")
+
+    async def openai(self, request: Request) -> Response:
+        path = "v1/" + request.url.path.rsplit("/v1/", 1)[1]
+        return await self._workers_ai(request, path, "Workers AI OpenAI")
+
+    async def models(self, request: Request) -> Response:
+        self._account(request)
+        return JSONResponse(openai_model_list(self.state.catalog))
+
+    async def _workers_ai(self, request: Request, path: str, request_type: str) -> Response:
+        account_id = self._account(request)
+        gateway_id = request.headers.get("cf-aig-gateway-id")
+        gateway = self._gateway(account_id, gateway_id) if gateway_id else None
+        body = await read_body(request, self.state.settings.max_request_bytes)
+        step = self._step(request, account_id, WORKERS_AI, path, body, request.headers)
+        return await self._handle(account_id, gateway, request, request_type, [step])
+
+    # AI Gateway (`/v1/{acct}/{gateway}/…`).
+    async def provider(self, request: Request) -> Response:
+        account_id, gateway = self._gateway_of(request)
+        provider, path = request.path_params["provider"], request.path_params["path"]
+        body = await read_body(request, self.state.settings.max_request_bytes)
+        step = self._step(request, account_id, provider, path, body, request.headers)
+        return await self._handle(account_id, gateway, request, "Provider", [step])
+
+    async def compat(self, request: Request) -> Response:
+        """`model: "{provider}/{model}"`: Workers AI models are `workers-ai/@cf/…`."""
+        account_id, gateway = self._gateway_of(request)
+        body = parse_json(await read_body(request, self.state.settings.max_request_bytes))
+        provider, _, model = str(body.get("model", "")).partition("/")
+        if not provider or not model:
+            raise InvalidInputError('model must be "{provider}/{model}"', field="model")
+        path = "v1/chat/completions" if provider == WORKERS_AI else "chat/completions"
+        raw = json.dumps({**body, "model": model}).encode()
+        step = self._step(request, account_id, provider, path, raw, request.headers)
+        return await self._handle(account_id, gateway, request, "Compat", [step])
+
+    async def universal(self, request: Request) -> Response:
+        """A JSON array of steps, tried in order; `cf-aig-step` says which one answered."""
+        account_id, gateway = self._gateway_of(request)
+        raw = await read_body(request, self.state.settings.max_request_bytes)
+        entries = parse_json(raw, list)
+        if not entries:
+            raise InvalidInputError("the universal endpoint takes a non-empty array of steps",
+                                    field="body")
+        steps = [self._universal_step(request, account_id, i, e) for i, e in enumerate(entries)]
+        return await self._handle(account_id, gateway, request, "Universal", steps, True)
+
+    def _universal_step(self, request: Request, account_id: str, index: int,
+                        entry: object) -> Step:
+        if not isinstance(entry, dict) or not isinstance(entry.get("provider"), str) \
+                or not isinstance(entry.get("endpoint"), str):
+            raise InvalidInputError(f"step {index} needs provider and endpoint strings",
+                                    field=f"body[{index}]")
+        query = entry.get("query", {})
+        step_headers = {k.lower(): str(v) for k, v in (entry.get("headers") or {}).items()}
+        headers = {**request.headers, **step_headers}  # step-level headers win
+        body = json.dumps(query).encode()
+        config = entry.get("config") if isinstance(entry.get("config"), dict) else None
+        return self._step(request, account_id, entry["provider"], entry["endpoint"], body,
+                          headers, config)
+
+    def _step(self, request: Request, account_id: str, provider: str, path: str, body: bytes,
+              headers: Mapping[str, str], config: dict | None = None) -> Step:
+        stream, model = _stream_and_model(body)
+        model = path if provider == WORKERS_AI and path.startswith("@") else model
+        upstream = UpstreamRequest(
+            account_id, path, body, stream=stream,
+            session_id=request.headers.get("x-session-affinity"),
+            location=self.state.locator.locate(request.headers,
+                                               request.client.host if request.client else None))
+        retry = RetryPolicy().overridden(headers, config)
+        return Step(provider, upstream, model, retry, headers)
+
+    async def _handle(self, account_id: str, gateway: GatewayConfig | None, request: Request,
+                      request_type: str, steps: list[Step], universal: bool = False) -> Response:
+        call = GatewayRequest(account_id, gateway, request.url.path, request_type, steps,
+                              universal)
+        return await self.state.pipeline.handle(call)
+
+    def _account(self, request: Request) -> str:
+        account_id = request.path_params["account_id"]
+        self.state.auth.check(request.headers, account_id)
+        return account_id
+
+    def _gateway_of(self, request: Request) -> tuple[str, GatewayConfig]:
+        account_id = self._account(request)  # before the gateway: nothing is created unasked
+        gateway = self._gateway(account_id, request.path_params["gateway_id"])
+        if gateway.authentication:
+            self.state.auth.check(request.headers, account_id, gateway)
+        return account_id, gateway
+
+    def _gateway(self, account_id: str, gateway_id: str) -> GatewayConfig:
+        if gateway_id == "default":
+            return self.state.gateways.get_or_create_default(account_id)
+        gateway = self.state.gateways.get(account_id, gateway_id)
+        if gateway is None:
+            raise NotFoundError(f"gateway {gateway_id!r} not found", field="gateway_id")
+        return gateway
+
+
+def _stream_and_model(body: bytes) -> tuple[bool, str | None]:
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        return False, None  # the upstream reports the bad body in its own words
+    if not isinstance(data, dict):
+        return False, None
+    model = data.get("model")
+    return data.get("stream") is True, model if isinstance(model, str) else None

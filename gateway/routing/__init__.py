@@ -1,0 +1,1 @@
+"""Nearest-healthy-node routing: client geolocation, the node directory and candidate ranking."""

@@ -1,0 +1,76 @@
+"""Everything the gateway's routes share, built once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.accounts import AccountStore
+from gateway.auth import Authenticator
+from gateway.cache import make_cache
+from gateway.db import Database
+from gateway.gateways import GatewayStore
+from gateway.logs import LogStore
+from gateway.pipeline import Pipeline
+from gateway.providers.base import Provider, ProviderContext
+from gateway.ratelimit import make_rate_limiter
+from gateway.routing.directory import NodeDirectory
+from gateway.routing.geo import ClientLocator
+from gateway.settings import GatewaySettings, load_gateway_yaml
+from runtime.catalog import Catalog
+from runtime.node.city import all_cities
+from runtime.plugins import load_plugins
+
+
+@dataclass(slots=True)
+class GatewayState:
+    settings: GatewaySettings
+    catalog: Catalog
+    db: Database
+    accounts: AccountStore
+    gateways: GatewayStore
+    logs: LogStore
+    auth: Authenticator
+    directory: NodeDirectory
+    locator: ClientLocator
+    providers: dict[str, Provider]
+    pipeline: Pipeline
+    http: httpx.AsyncClient
+
+    @classmethod
+    def build(cls, settings: GatewaySettings, db: Database | None = None) -> GatewayState:
+        catalog = Catalog.load(settings.catalog)
+        if db is None:
+            settings.gateway_db.parent.mkdir(parents=True, exist_ok=True)
+            db = Database(settings.gateway_db)
+        accounts, gateways, logs = AccountStore(db), GatewayStore(db), LogStore(db)
+        config = load_gateway_yaml(settings.gateway_config)
+        directory = NodeDirectory(heartbeat_timeout_s=settings.heartbeat_timeout_s)
+        cities = {c.code: (c.lat, c.lon) for c in all_cities()}
+        http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
+        providers = _providers(catalog, http, directory, settings, config["providers"])
+        pipeline = Pipeline(providers, make_cache(settings.redis_url),
+                            make_rate_limiter(settings.redis_url), logs, catalog)
+        return cls(settings, catalog, db, accounts, gateways, logs, Authenticator(accounts),
+                   directory, ClientLocator(config["ip_map"], cities), providers, pipeline, http)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.pipeline.cache.close()
+        await self.pipeline.limiter.close()
+
+
+def _providers(catalog: Catalog, http: httpx.AsyncClient, directory: NodeDirectory,
+               settings: GatewaySettings, configured: dict) -> dict[str, Provider]:
+    """`workers-ai` always; each gateway.yaml provider by its `type` (a provider plugin)."""
+    factories = load_plugins().providers
+
+    def context(section: dict) -> ProviderContext:
+        return ProviderContext(catalog, http, directory, settings.node_secret, section)
+
+    providers = {"workers-ai": factories.get("workers-ai")("workers-ai", context({}))}
+    for name, section in configured.items():
+        providers[name] = factories.get(section.get("type", "openai-compatible"))(
+            name, context(section))
+    return providers

@@ -1,0 +1,13 @@
+"""Built-in gateway providers: the edge fleet (`workers-ai`) and OpenAI-compatible upstreams."""
+
+from __future__ import annotations
+
+from gateway.providers.openai_compatible import OpenAICompatibleProvider
+from gateway.providers.workers_ai import WorkersAIProvider
+from runtime.plugins import hookimpl
+
+
+@hookimpl
+def edgefire_register_providers(register):
+    register("workers-ai", lambda name, context: WorkersAIProvider(context))
+    register("openai-compatible", OpenAICompatibleProvider)

@@ -1,0 +1,112 @@
+"""The node's heartbeat: tells the gateway every few seconds where it is and how busy it is.
+
+The gateway routes only to nodes it has heard from recently, so a node that stops (or cannot
+reach the gateway) drops out of routing on its own. Failures never stop the node: they are
+logged at most once a minute and the next beat simply tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import httpx
+
+from runtime.node.node import EdgeNode
+from runtime.node.served import TextModel
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_PATH = "/internal/nodes/heartbeat"
+SECRET_HEADER = "x-edgefire-node-secret"
+WARN_EVERY_S = 60.0
+# Below the gateway's default 6 s heartbeat timeout: a beat slower than that is already stale.
+REQUEST_TIMEOUT_S = 5.0
+
+
+class HeartbeatSender:
+    def __init__(self, node: EdgeNode, gateway_url: str, public_url: str, interval_s: float,
+                 secret: str | None) -> None:
+        self.node = node
+        self.url = gateway_url.rstrip("/") + HEARTBEAT_PATH
+        self.public_url = public_url
+        self.interval_s = interval_s
+        self.headers = {SECRET_HEADER: secret} if secret else {}
+        self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_warning = -WARN_EVERY_S
+        self._failing = False
+
+    @classmethod
+    def from_node(cls, node: EdgeNode) -> HeartbeatSender | None:
+        """The sender node.settings ask for, or None when no gateway is configured."""
+        s = node.settings
+        if not s.gateway_url:
+            return None
+        public_url = s.public_url or f"http://127.0.0.1:{node.city.port}"
+        return cls(node, s.gateway_url, public_url, s.heartbeat_interval_s, s.node_secret)
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
+        self._task = asyncio.create_task(self._run(), name=f"heartbeat-{self.node.city.code}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def payload(self) -> dict:
+        city = self.node.city
+        running = waiting = 0
+        kv_usage = 0.0
+        for model in self.node.registry.models().values():
+            if isinstance(model, TextModel):
+                engine = model.engine.engine
+                running += len(engine.scheduler.running)
+                waiting += model.engine.num_waiting
+                kv_usage = max(kv_usage, engine.blocks.usage)
+        return {
+            "city": city.code, "name": city.name, "url": self.public_url,
+            "lat": city.lat, "lon": city.lon, "role": city.role,
+            "memory_budget_bytes": city.memory_budget_bytes,
+            "accelerator_bytes": city.declared_accelerator_bytes,
+            "loaded_models": self.node.registry.loaded(),
+            "running": running, "waiting": waiting, "kv_usage": kv_usage,
+        }
+
+    async def _run(self) -> None:
+        while True:
+            await self._beat()
+            await asyncio.sleep(self.interval_s)
+
+    async def _beat(self) -> None:
+        assert self._client is not None
+        try:
+            response = await self._client.post(self.url, json=self.payload(),
+                                               headers=self.headers)
+            response.raise_for_status()
+        # Anything (a refused connection, a 500, a bug in reading engine state) must not end
+        # the loop: a node that stops beating silently drops out of routing.
+        except Exception as exc:
+            self._failed(exc)
+            return
+        if self._failing:
+            log.info("heartbeat to %s works again", self.url)
+            self._failing = False
+
+    def _failed(self, exc: Exception) -> None:
+        self._failing = True
+        now = time.monotonic()
+        if now - self._last_warning >= WARN_EVERY_S:
+            self._last_warning = now
+            log.warning("heartbeat to %s failed (%s); retrying every %.1fs", self.url,
+                        str(exc) or type(exc).__name__, self.interval_s)
+        else:
+            log.debug("heartbeat to %s failed: %s", self.url, exc)

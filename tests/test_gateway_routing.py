@@ -1,0 +1,208 @@
+"""Gateway routing: geography, client location, the node directory and candidate ranking."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.routing.directory import NodeDirectory
+from gateway.routing.geo import (
+    COUNTRY_CENTROIDS,
+    ClientLocator,
+    great_circle_km,
+    latency_ms,
+)
+from runtime.errors import InvalidInputError
+from runtime.node.city import City, all_cities
+
+CITIES = {c.code: c for c in all_cities()}
+SMALL = "@cf/huggingfacetb/smollm2-135m-instruct"
+SMALL_NEED = 900 << 20
+GERMANY, BRAZIL, SINGAPORE = (COUNTRY_CENTROIDS[c] for c in ("DE", "BR", "SG"))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(city: City, **overrides) -> dict:
+    payload = {
+        "city": city.code, "name": city.name, "url": f"http://127.0.0.1:{city.port}",
+        "lat": city.lat, "lon": city.lon, "role": city.role,
+        "memory_budget_bytes": city.memory_budget_bytes,
+        "accelerator_bytes": city.declared_accelerator_bytes,
+        "loaded_models": {}, "running": 0, "waiting": 0, "kv_usage": 0.0,
+    }
+    return payload | overrides
+
+
+def directory(clock: FakeClock | None = None, **per_city: dict) -> NodeDirectory:
+    nodes = NodeDirectory(clock=clock or FakeClock())
+    for code, city in CITIES.items():
+        nodes.heartbeat(beat(city, **per_city.get(code, {})))
+    return nodes
+
+
+def order(nodes: NodeDirectory, location, model: str = SMALL, need: int = SMALL_NEED,
+          **kwargs) -> list[str]:
+    return [n.city for n in nodes.candidates(model, need, location, **kwargs)]
+
+
+def loaded(model: str = SMALL) -> dict:
+    return {"loaded_models": {model: {"active_requests": 0, "memory_bytes": SMALL_NEED}}}
+
+
+# --- geography ---------------------------------------------------------------------------
+
+def test_great_circle_distances() -> None:
+    fra, lhr, sin = CITIES["fra"], CITIES["lhr"], CITIES["sin"]
+    assert great_circle_km(fra.lat, fra.lon, lhr.lat, lhr.lon) == pytest.approx(650, rel=0.02)
+    assert great_circle_km(fra.lat, fra.lon, sin.lat, sin.lon) == pytest.approx(10260, rel=0.02)
+    assert great_circle_km(10, 20, 10, 20) == 0
+    assert great_circle_km(0, 0, 0, 180) == pytest.approx(20015, rel=0.001)
+
+
+def test_latency_grows_with_distance() -> None:
+    assert latency_ms(0) == pytest.approx(2.0)
+    assert 5 < latency_ms(650) < 20
+    assert 100 < latency_ms(10260) < 250
+
+
+def test_locate_from_headers_and_ip_map() -> None:
+    locator = ClientLocator({"10.1.0.0/16": "fra", "10.1.2.3": "sin", "2001:db8::/32": "gru"},
+                            {code: (c.lat, c.lon) for code, c in CITIES.items()})
+    fra, sin, gru = ((CITIES[c].lat, CITIES[c].lon) for c in ("fra", "sin", "gru"))
+    assert locator.locate({"x-client-geo": "48.1, 11.6"}, None) == (48.1, 11.6)
+    assert locator.locate({"X-Client-Geo": "-33.9,151.2"}, "10.1.2.3") == (-33.9, 151.2)
+    assert locator.locate({"cf-ipcountry": "de"}, "10.1.2.3") == GERMANY
+    assert locator.locate({}, "10.1.9.9") == fra
+    assert locator.locate({}, "10.1.2.3") == sin  # the longest prefix wins
+    assert locator.locate({}, "2001:db8::1") == gru
+    assert locator.locate({}, "192.0.2.1") is None
+    assert locator.locate({}, "not-an-ip") is None
+    assert locator.locate({}, None) is None
+    assert ClientLocator(None, {}).locate({}, "10.1.9.9") is None
+
+
+@pytest.mark.parametrize("bad", ["", "48.1", "a,b", "1,2,3", "91,0", "0,181", "nan,0", "inf,1"])
+def test_bad_client_geo_is_ignored(bad: str) -> None:
+    locator = ClientLocator(None, {})
+    assert locator.locate({"x-client-geo": bad}, None) is None
+    assert locator.locate({"x-client-geo": bad, "cf-ipcountry": "BR"}, None) == BRAZIL
+
+
+def test_unknown_country_and_unknown_city() -> None:
+    assert ClientLocator(None, {}).locate({"cf-ipcountry": "XX"}, None) is None
+    with pytest.raises(ValueError, match="unknown city"):
+        ClientLocator({"10.0.0.0/8": "nowhere"}, {})
+
+
+# --- directory ---------------------------------------------------------------------------
+
+def test_heartbeat_registers_and_refreshes() -> None:
+    nodes = NodeDirectory(clock=FakeClock())
+    state = nodes.heartbeat(beat(CITIES["fra"]))
+    assert state.city == "fra" and state.memory_budget_bytes == CITIES["fra"].memory_budget_bytes
+    assert nodes.heartbeat(beat(CITIES["fra"], waiting=3, kv_usage=0.5)) is state
+    assert (state.waiting, state.kv_usage) == (3, 0.5)
+    assert [n.city for n in nodes.nodes()] == ["fra"]
+    view = nodes.to_json()
+    json.dumps(view)
+    assert view["nodes"][0]["city"] == "fra" and view["nodes"][0]["healthy"]
+
+
+@pytest.mark.parametrize("change", [
+    {"city": ""}, {"url": "ftp://x"}, {"lat": 91}, {"lon": "8"}, {"memory_budget_bytes": -1},
+    {"memory_budget_bytes": True}, {"running": 1.5}, {"kv_usage": 2.0},
+    {"loaded_models": ["a"]}, {"loaded_models": {"a": 1}},
+])
+def test_malformed_heartbeat_is_rejected(change: dict) -> None:
+    with pytest.raises(InvalidInputError):
+        NodeDirectory().heartbeat(beat(CITIES["fra"]) | change)
+    with pytest.raises(InvalidInputError):
+        NodeDirectory().heartbeat([])
+
+
+def test_missed_heartbeats_drop_a_node_until_it_beats_again() -> None:
+    clock = FakeClock()
+    nodes = directory(clock)
+    clock.now += 4
+    for code in ("lhr", "sin", "iad", "gru"):
+        nodes.heartbeat(beat(CITIES[code]))
+    clock.now += 3  # fra is now 7 s silent, past the 6 s timeout
+    assert "fra" not in order(nodes, GERMANY)
+    assert "fra" not in [n.city for n in nodes.healthy()]
+    nodes.heartbeat(beat(CITIES["fra"]))
+    assert order(nodes, GERMANY)[0] == "fra"
+
+
+def test_mark_failed_holds_until_a_heartbeat_after_the_cooldown() -> None:
+    clock = FakeClock()
+    nodes = directory(clock)
+    nodes.mark_failed("fra", cooldown_s=5)
+    assert "fra" not in order(nodes, GERMANY)
+    clock.now += 2
+    nodes.heartbeat(beat(CITIES["fra"]))  # may have been sent before the failure
+    assert "fra" not in order(nodes, GERMANY)
+    clock.now += 4
+    assert "fra" not in order(nodes, GERMANY)  # cooldown over, but no fresh heartbeat yet
+    nodes.heartbeat(beat(CITIES["fra"]))
+    assert order(nodes, GERMANY)[0] == "fra"
+    nodes.mark_failed("nowhere")  # an unknown node is not an error
+
+
+@pytest.mark.parametrize(("location", "nearest"),
+                         [(GERMANY, "fra"), (BRAZIL, "gru"), (SINGAPORE, "sin")])
+def test_nearest_node_first(location, nearest: str) -> None:
+    ranked = order(directory(), location)
+    assert ranked[0] == nearest and sorted(ranked) == sorted(CITIES)
+
+
+def test_unknown_location_prefers_loaded_then_least_busy() -> None:
+    nodes = directory(sin=loaded(), fra={"running": 2}, gru={"running": 1})
+    assert order(nodes, None) == ["sin", "iad", "lhr", "gru", "fra"]
+
+
+def test_huge_model_only_goes_where_it_fits() -> None:
+    need = 12 << 30  # over every budget but iad's 16 GiB
+    assert order(directory(), SINGAPORE, model="@cf/big", need=need) == ["iad"]
+    assert order(directory(), SINGAPORE, model="@cf/big", need=64 << 30) == []
+    # Already resident somewhere (loaded before a budget change): that node can serve it.
+    nodes = directory(sin=loaded("@cf/big"))
+    assert order(nodes, SINGAPORE, model="@cf/big", need=need) == ["sin", "iad"]
+
+
+def test_loaded_neighbour_beats_cold_nearest_but_not_across_continents() -> None:
+    assert order(directory(lhr=loaded()), GERMANY)[0] == "lhr"
+    assert order(directory(iad=loaded()), GERMANY)[0] == "fra"
+    assert order(directory(iad=loaded()), BRAZIL)[0] == "gru"
+
+
+def test_deep_queue_spills_over() -> None:
+    nodes = directory(fra={"waiting": 8})
+    ranked = order(nodes, GERMANY)
+    assert ranked[0] == "lhr" and ranked[-1] == "fra"
+    assert order(nodes, GERMANY, max_waiting=9)[0] == "fra"
+
+
+def test_session_affinity() -> None:
+    clock = FakeClock()
+    nodes = directory(clock)
+    nodes.pin("s1", "sin")
+    assert order(nodes, GERMANY, session_id="s1")[0] == "sin"
+    assert order(nodes, GERMANY, session_id="other")[0] == "fra"
+    assert order(nodes, GERMANY)[0] == "fra"
+    # Not eligible any more: too small for the model, failed, or too busy.
+    assert order(nodes, GERMANY, model="@cf/big", need=12 << 30, session_id="s1") == ["iad"]
+    nodes.heartbeat(beat(CITIES["sin"], waiting=8))
+    assert order(nodes, GERMANY, session_id="s1")[0] == "fra"
+    nodes.heartbeat(beat(CITIES["sin"]))
+    nodes.mark_failed("sin")
+    assert order(nodes, GERMANY, session_id="s1")[0] == "fra"
+    nodes.pin("s1", "lhr")  # re-pinned where it was served instead
+    assert order(nodes, GERMANY, session_id="s1")[0] == "lhr"

@@ -1,0 +1,111 @@
+"""The node's heartbeat to the gateway, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gateway.routing.directory import NodeDirectory
+from runtime.node.city import load_city
+from runtime.node.heartbeat import HeartbeatSender
+from runtime.node.node import EdgeNode
+from runtime.node.settings import NodeSettings
+from runtime.server.app import create_app
+
+
+def recording_gateway(beats: list[tuple[dict, dict]]) -> Starlette:
+    async def heartbeat(request: Request) -> JSONResponse:
+        beats.append((await request.json(), dict(request.headers)))
+        return JSONResponse({"ok": True})
+
+    return Starlette(routes=[Route("/internal/nodes/heartbeat", heartbeat, methods=["POST"])])
+
+
+def free_port_url() -> str:
+    # Bound and released: nothing listens there, so connections are refused.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_heartbeats_arrive_with_state_and_secret(serve) -> None:
+    beats: list[tuple[dict, dict]] = []
+    node = EdgeNode(load_city("fra"))
+
+    async def main() -> None:
+        sender = HeartbeatSender(node, gateway_url + "/", "http://fra.test:8701", 0.1, "s3cret")
+        await sender.start()
+        await asyncio.sleep(0.45)
+        await sender.stop()
+        await sender.stop()  # idempotent
+
+    with serve(recording_gateway(beats)) as gateway_url:
+        asyncio.run(main())
+    assert len(beats) >= 2  # periodic: one at start, then every 0.1 s
+    payload, headers = beats[0]
+    city = node.city
+    assert payload == {
+        "city": "fra", "name": "Frankfurt", "url": "http://fra.test:8701",
+        "lat": city.lat, "lon": city.lon, "role": "both",
+        "memory_budget_bytes": city.memory_budget_bytes,
+        "accelerator_bytes": city.declared_accelerator_bytes,
+        "loaded_models": {}, "running": 0, "waiting": 0, "kv_usage": 0.0,
+    }
+    assert headers["x-edgefire-node-secret"] == "s3cret"
+    # What the node sends is what the gateway's directory accepts.
+    assert NodeDirectory().heartbeat(payload).url == "http://fra.test:8701"
+
+
+def test_no_secret_header_without_a_secret(serve) -> None:
+    beats: list[tuple[dict, dict]] = []
+
+    async def main() -> None:
+        sender = HeartbeatSender(EdgeNode(load_city("lhr")), gateway_url, "http://x", 0.1, None)
+        await sender.start()
+        await asyncio.sleep(0.15)
+        await sender.stop()
+
+    with serve(recording_gateway(beats)) as gateway_url:
+        asyncio.run(main())
+    assert beats and all("x-edgefire-node-secret" not in h for _, h in beats)
+
+
+def test_dead_gateway_does_not_raise(caplog) -> None:
+    async def main() -> bool:
+        sender = HeartbeatSender(EdgeNode(load_city("fra")), free_port_url(), "http://x", 0.05,
+                                 None)
+        await sender.start()
+        await asyncio.sleep(0.3)
+        alive = not sender._task.done()
+        await sender.stop()
+        return alive
+
+    with caplog.at_level("WARNING", logger="runtime.node.heartbeat"):
+        assert asyncio.run(main())
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1  # at most once a minute, however many beats failed
+
+
+def test_node_app_heartbeats_when_a_gateway_is_configured(serve) -> None:
+    beats: list[tuple[dict, dict]] = []
+    with serve(recording_gateway(beats)) as gateway_url:
+        settings = NodeSettings(gateway_url=gateway_url, heartbeat_interval_s=0.1,
+                                node_secret="s3cret")
+        with serve(create_app(EdgeNode(load_city("sin"), settings))):
+            deadline = time.monotonic() + 10
+            while not beats and time.monotonic() < deadline:
+                time.sleep(0.02)
+    payload, headers = beats[0]
+    assert payload["city"] == "sin" and payload["url"] == "http://127.0.0.1:8704"
+    assert headers["x-edgefire-node-secret"] == "s3cret"
+
+
+def test_no_gateway_no_sender() -> None:
+    node = EdgeNode(load_city("fra"), NodeSettings(gateway_url=None))
+    assert HeartbeatSender.from_node(node) is None
