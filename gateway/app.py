@@ -26,7 +26,6 @@ from gateway.routes_admin import AdminRoutes
 from gateway.routes_inference import InferenceRoutes
 from gateway.state import GatewayState
 from runtime.errors import EdgefireError
-from runtime.server.catalog_api import CatalogRoutes
 from runtime.server.errors import InternalErrorMiddleware, handle_error
 
 ACCOUNT = "/client/v4/accounts/{account_id}"
@@ -35,15 +34,14 @@ GATEWAY = "/v1/{account_id}/{gateway_id}"
 
 def create_app(state: GatewayState) -> Starlette:
     infer, admin = InferenceRoutes(state), AdminRoutes(state)
-    catalog = CatalogRoutes(state.catalog)
     gateways = f"{ACCOUNT}/ai-gateway/gateways"
     routes = [
         Route(f"{ACCOUNT}/ai/run/{{model:path}}", infer.run, methods=["POST"]),
         Route(f"{ACCOUNT}/ai/v1/chat/completions", infer.openai, methods=["POST"]),
         Route(f"{ACCOUNT}/ai/v1/embeddings", infer.openai, methods=["POST"]),
         Route(f"{ACCOUNT}/ai/v1/models", infer.models, methods=["GET"]),
-        Route(f"{ACCOUNT}/ai/models/search", catalog.search, methods=["GET"]),
-        Route(f"{ACCOUNT}/ai/models/schema", catalog.schema, methods=["GET"]),
+        Route(f"{ACCOUNT}/ai/models/search", infer.search, methods=["GET"]),
+        Route(f"{ACCOUNT}/ai/models/schema", infer.schema, methods=["GET"]),
         Route(GATEWAY, infer.universal, methods=["POST"]),
         Route(f"{GATEWAY}/compat/chat/completions", infer.compat, methods=["POST"]),
         Route(f"{GATEWAY}/{{provider}}/{{path:path}}", infer.provider, methods=["POST"]),

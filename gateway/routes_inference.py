@@ -16,7 +16,7 @@ from gateway.providers.base import UpstreamRequest
 from gateway.retries import RetryPolicy
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
-from runtime.server.catalog_api import openai_model_list
+from runtime.server.catalog_api import CatalogRoutes, openai_model_list
 from runtime.server.inputs import parse_json, read_body
 
 WORKERS_AI = "workers-ai"
@@ -25,6 +25,7 @@ WORKERS_AI = "workers-ai"
 class InferenceRoutes:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
+        self.catalog = CatalogRoutes(state.catalog)
 
     # Workers AI REST (`/client/v4/accounts/{acct}/ai/…`); cf-aig-gateway-id opts into a gateway.
     async def run(self, request: Request) -> Response:
@@ -37,6 +38,14 @@ class InferenceRoutes:
     async def models(self, request: Request) -> Response:
         self._account(request)
         return JSONResponse(openai_model_list(self.state.catalog))
+
+    async def search(self, request: Request) -> Response:
+        self._account(request)
+        return await self.catalog.search(request)
+
+    async def schema(self, request: Request) -> Response:
+        self._account(request)
+        return await self.catalog.schema(request)
 
     async def _workers_ai(self, request: Request, path: str, request_type: str) -> Response:
         account_id = self._account(request)
