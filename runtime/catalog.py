@@ -55,7 +55,7 @@ class Catalog:
         """The spec for an id or alias; UnknownModelError if absent."""
         spec = self._by_name.get(name)
         if spec is None:
-            raise UnknownModelError(f"no such model {name!r}", field="model")
+            raise UnknownModelError(f"No such model {name} or task", field="model")
         return spec
 
     def get_runnable(self, name: str) -> ModelSpec:
