@@ -6,7 +6,7 @@ STAMP := $(VENV)/.edgefire-installed
 CITY ?= fra
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: setup run generate test test-fast lint bench bench-serve clean
+.PHONY: setup run generate test test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,11 +37,12 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Benchmarks run as modules from the repository root so `bench._common` resolves.
 bench: setup
-	$(PY) bench/engine.py
-
-bench-serve: setup
-	$(PY) bench/serve.py
+	$(PY) -m bench.engine
+	$(PY) -m bench.startup
+	$(PY) -m bench.serve
+	$(PY) -m bench.gateway
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

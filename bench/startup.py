@@ -67,6 +67,7 @@ def child_edgefire(cache_dir: str, dtype: str) -> dict:
     import asyncio
 
     from runtime.catalog import Catalog
+    from runtime.engine.compute_thread import ComputeThread
     from runtime.engine.sampling_params import SamplingParams
     from runtime.node.served import build_served_model
     from runtime.node.settings import NodeSettings
@@ -84,13 +85,16 @@ def child_edgefire(cache_dir: str, dtype: str) -> dict:
             return out.token_ids[0]
         raise RuntimeError("no token generated")
 
+    compute = ComputeThread()
     start = time.perf_counter()
-    served = build_served_model(Catalog.load().get_runnable(MODEL), settings)
+    spec = Catalog.load().get_runnable(MODEL)
+    served = compute.submit(build_served_model, spec, settings, compute).result()
     load_s = time.perf_counter() - start
     ids = served.tokenizer.encode(PROMPT)
     token = asyncio.run(first_token(served, ids))
     first_token_s = time.perf_counter() - start
     served.close()
+    compute.shutdown()
     return {"ready_s": ready_s, "load_s": round(load_s, 3),
             "first_token_s": round(first_token_s, 3), "token": token, "prompt_ids": ids,
             "cache_entries_before": entries_before, "cache_entries_after": _entries(cache_dir)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -120,11 +120,15 @@ class AsyncEmbedder:
     `max_batch_texts` texts (a single larger request still runs, alone).
     """
 
-    def __init__(self, model: EmbeddingModel, max_batch_texts: int = 256) -> None:
+    def __init__(self, model: EmbeddingModel, max_batch_texts: int = 256,
+                 executor: Executor | None = None) -> None:
         self.model = model
         self.max_batch_texts = max_batch_texts
         self.num_batches = 0  # forwards run, for metrics and tests
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
+        # A node passes its compute thread; alone, the embedder runs forwards on its own thread.
+        self._owns_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=1,
+                                                        thread_name_prefix="embedder")
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task | None = None
         self._closed = False
@@ -189,7 +193,8 @@ class AsyncEmbedder:
             if not future.done():
                 future.get_loop().call_soon_threadsafe(
                     _fail, future, RuntimeError("AsyncEmbedder was closed"))
-        self._executor.shutdown(wait=False)
+        if self._owns_executor:
+            self._executor.shutdown(wait=False)
 
 
 def _fail(future: asyncio.Future, exc: Exception) -> None:

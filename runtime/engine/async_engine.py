@@ -1,17 +1,19 @@
-"""Asyncio front of the engine: the step loop runs on its own thread.
+"""Asyncio front of the engine: its steps run on a compute thread, off the event loop.
 
 Torch releases the GIL inside its kernels, so an HTTP server's event loop keeps serving while a
-step runs. Requests and aborts reach the step thread through a command queue drained between
-steps; outputs come back through each request's asyncio queue.
+step runs. Requests and aborts reach the compute thread through a command queue drained before
+each step; outputs come back through each request's asyncio queue. A node shares one compute
+thread between its models (runtime.engine.compute_thread says why); alone, an AsyncEngine
+starts its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import deque
 
+from runtime.engine.compute_thread import ComputeThread
 from runtime.engine.llm_engine import LLMEngine
 from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams
@@ -29,15 +31,15 @@ class EngineDeadError(EdgefireError):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, compute: ComputeThread | None = None) -> None:
         self.engine = engine
         self._commands: deque[tuple[str, object]] = deque()
-        self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="edgefire-engine", daemon=True)
-        self._thread.start()
+        self._owns_compute = compute is None
+        self._compute = compute or ComputeThread("edgefire-engine")
+        self._compute.attach(self)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     salt: bytes = b"") -> RequestStream:
@@ -66,8 +68,9 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self._stopped = True
-        self._wake.set()
-        self._thread.join(timeout=30)
+        self._compute.detach(self)
+        if self._owns_compute:
+            self._compute.shutdown()
 
     @property
     def num_unfinished(self) -> int:
@@ -80,24 +83,24 @@ class AsyncEngine:
 
     def _send(self, kind: str, payload: object) -> None:
         self._commands.append((kind, payload))
-        self._wake.set()
+        self._compute.wake()
 
-    def _run(self) -> None:
-        try:
-            while not self._stopped:
-                self._drain_commands()
-                if not self.engine.has_unfinished():
-                    self._wake.wait()
-                    self._wake.clear()
-                    continue
-                for output in self.engine.step():
-                    self._deliver(output.request_id, output)
-        except BaseException as exc:  # the node must learn of it, not hang its clients
-            log.exception("engine step loop died")
-            self._error = exc
-            dead = EngineDeadError(f"engine failed: {exc}")
-            for request_id in list(self._streams):
-                self._deliver(request_id, dead)
+    # The compute thread's side (SteppedWork).
+    def has_work(self) -> bool:
+        return not self._stopped and (bool(self._commands) or self.engine.has_unfinished())
+
+    def run_once(self) -> None:
+        self._drain_commands()
+        if self.engine.has_unfinished():
+            for output in self.engine.step():
+                self._deliver(output.request_id, output)
+
+    def fail(self, exc: BaseException) -> None:
+        """A step raised: fail every request in flight rather than hang its client."""
+        self._error = exc
+        dead = EngineDeadError(f"engine failed: {exc}")
+        for request_id in list(self._streams):
+            self._deliver(request_id, dead)
 
     def _drain_commands(self) -> None:
         while self._commands:

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,10 +45,12 @@ class _Entry:
 
 class ModelRegistry:
     def __init__(self, catalog: Catalog, budget_bytes: int,
-                 build: Callable[[ModelSpec], ServedModel]) -> None:
+                 build: Callable[[ModelSpec], ServedModel],
+                 executor: Executor | None = None) -> None:
         self.catalog = catalog
         self.budget_bytes = budget_bytes
         self._build = build
+        self._executor = executor  # where loads run (None: asyncio's default thread pool)
         self._entries: dict[str, _Entry] = {}
         self._loading: dict[str, asyncio.Future[_Entry]] = {}
         self.num_loads = 0
@@ -95,7 +98,8 @@ class ModelRegistry:
     async def _load(self, spec: ModelSpec) -> _Entry:
         self._make_room(_declared_bytes(spec))
         started = time.perf_counter()
-        model = await asyncio.to_thread(self._build, spec)
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(self._executor, self._build, spec)
         entry = _Entry(model, last_used=time.monotonic())
         self._entries[spec.id] = entry
         self.num_loads += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from runtime.catalog import Catalog
+from runtime.engine.compute_thread import ComputeThread
 from runtime.node.city import City
 from runtime.node.model_registry import ModelRegistry
 from runtime.node.served import build_served_model
@@ -20,8 +21,11 @@ class EdgeNode:
         self.city = city
         self.settings = settings or NodeSettings()
         self.catalog = catalog or Catalog.load(self.settings.catalog)
-        self.registry = ModelRegistry(self.catalog, city.memory_budget_bytes,
-                                      lambda spec: build_served_model(spec, self.settings))
+        # All torch work of the node (loads, steps, embedding batches) runs on this one thread.
+        self.compute = ComputeThread(f"edgefire-{city.code}")
+        self.registry = ModelRegistry(
+            self.catalog, city.memory_budget_bytes,
+            lambda spec: build_served_model(spec, self.settings, self.compute), self.compute)
         self.ready = False
 
     def start(self) -> None:
@@ -35,6 +39,7 @@ class EdgeNode:
     def stop(self) -> None:
         self.ready = False
         self.registry.close()
+        self.compute.shutdown()
 
     def health(self) -> dict:
         return {

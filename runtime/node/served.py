@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from runtime.catalog import ModelSpec
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.builder import build_engine
+from runtime.engine.compute_thread import ComputeThread
 from runtime.engine.llm_engine import EngineConfig
 from runtime.errors import ModelUnavailableError
 from runtime.node.settings import NodeSettings
@@ -44,8 +45,9 @@ class EmbeddingServed:
         self.embedder.close()
 
 
-def build_served_model(spec: ModelSpec, settings: NodeSettings) -> TextModel | EmbeddingServed:
-    """Load spec for serving; runs on a worker thread (it takes seconds)."""
+def build_served_model(spec: ModelSpec, settings: NodeSettings,
+                       compute: ComputeThread) -> TextModel | EmbeddingServed:
+    """Load spec for serving (seconds); it will run its steps on `compute`."""
     if spec.task == TEXT_GENERATION:
         config = EngineConfig(kv_cache_bytes=settings.kv_cache_mib << 20,
                               max_num_seqs=settings.max_num_seqs,
@@ -53,7 +55,7 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings) -> TextModel | E
                               dtype=settings.dtype, kv_backend=settings.kv_backend)
         engine, loaded = build_engine(spec, config)
         memory = loaded.model.weight_bytes + engine.runner.kv_cache.nbytes
-        return TextModel(spec, AsyncEngine(engine), loaded.tokenizer,
+        return TextModel(spec, AsyncEngine(engine, compute), loaded.tokenizer,
                          engine.config.max_model_len, memory)
     if spec.task == TEXT_EMBEDDINGS:
         from runtime.embeddings import AsyncEmbedder
@@ -62,7 +64,8 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings) -> TextModel | E
 
         loaded = load_model(spec, Precision.parse(settings.dtype))
         model = loaded.model
-        return EmbeddingServed(spec, AsyncEmbedder(model), model.dim, loaded.max_model_len,
+        return EmbeddingServed(spec, AsyncEmbedder(model, executor=compute), model.dim,
+                               loaded.max_model_len,
                                model.memory_bytes)
     raise ModelUnavailableError(f"{spec.id}: task {spec.task!r} is not served by this node",
                                 field="model")
