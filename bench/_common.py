@@ -107,7 +107,8 @@ def run_with_peak_rss(cmd: Sequence[str]) -> tuple[str, float]:
     """
     name = Path(cmd[0]).name
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, text=True,
+                                cwd=RESULTS_DIR.parent.parent)  # `-m bench.…` resolves there
         peak = 0
         while proc.poll() is None:
             peak = max(peak, _vm_hwm_kib(proc.pid, name))

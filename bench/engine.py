@@ -1,6 +1,6 @@
 """Benchmark the offline engine on SmolLM2-135M against HF transformers and llama.cpp.
 
-Run: PYTHONPATH=. .venv/bin/python bench/engine.py [--quick]
+Run from the repository root: .venv/bin/python -m bench.engine [--quick]
 Progress goes to stderr; the last stdout line is one JSON object, also written, with a
 markdown table, to bench/results/engine.{json,md}.
 """

@@ -9,7 +9,8 @@ Over HTTP/1.1 keep-alive httpx clients:
   (c) C concurrent clients for a few seconds on the HIT path: the gateway's req/s.
 Added latency is the gateway's percentile minus the direct one. Target: < 2 ms p50 on (b).
 
-Run: PYTHONPATH=. .venv/bin/python bench/gateway.py [--requests 500] [--clients 16] [--quick]
+Run from the repository root:
+  .venv/bin/python -m bench.gateway [--requests 500] [--clients 16] [--quick]
 """
 
 from __future__ import annotations

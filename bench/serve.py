@@ -5,7 +5,7 @@ requests whose arrivals follow a Poisson process at --request-rate, with at most
 prompt and output lengths drawn from fixed ranges with a fixed seed. Streams every response
 (Workers AI SSE) to time TTFT and inter-token latency, and samples the node's CPU use.
 
-Run: PYTHONPATH=. .venv/bin/python bench/serve.py [--clients 1,4,16] [--quick]
+Run from the repository root: .venv/bin/python -m bench.serve [--clients 1,4,16] [--quick]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ GGUF (peer: `from_pretrained` load time, then one greedy token). The clock start
 are done and plugins are loaded, as they are in a running node when the request arrives; edgefire
 goes through the node's own load path (`build_served_model`). Medians over --repeats.
 
-Run: PYTHONPATH=. .venv/bin/python bench/startup.py [--repeats 3] [--dtype auto]
+Run from the repository root: .venv/bin/python -m bench.startup [--repeats 3] [--dtype auto]
 Progress goes to stderr; the last stdout line is one JSON object, also written, with a
 markdown table, to bench/results/startup.{json,md}.
 """
@@ -126,7 +126,7 @@ def child_hf(prompt_ids: list[int]) -> dict:
 
 def run_child(mode: str, args: argparse.Namespace, cache_dir: str | None = None,
               prompt_ids: list[int] | None = None) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--dtype", args.dtype]
+    cmd = [sys.executable, "-m", "bench.startup", "--child", mode, "--dtype", args.dtype]
     if cache_dir is not None:
         cmd += ["--cache-dir", cache_dir]
     if prompt_ids is not None:
