@@ -6,11 +6,15 @@ import contextlib
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
+import redis
 import uvicorn
+
+from tests.redis_support import REDIS_URL
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,3 +55,13 @@ def _running(app, port: int | None = None) -> Iterator[str]:
 def serve() -> Callable[[object], AbstractContextManager[str]]:
     """`with serve(app[, port]) as base_url:` runs app over real HTTP until the block ends."""
     return _running
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A Redis key prefix private to the test; its keys are deleted afterwards."""
+    prefix = f"edgefire-test:{uuid.uuid4().hex}:"
+    yield prefix
+    with redis.Redis.from_url(REDIS_URL) as client:
+        for key in client.scan_iter(match=prefix + "*"):
+            client.delete(key)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -23,39 +20,7 @@ from gateway.cache import (
     parse_cache_headers,
 )
 from runtime.errors import InvalidInputError
-
-REDIS_URL = os.environ.get("EDGEFIRE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def _redis_reachable() -> bool:
-    try:
-        with redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5) as client:
-            return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-needs_redis = pytest.mark.skipif(not _redis_reachable(),
-                                 reason=f"no Redis server reachable at {REDIS_URL}")
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A key prefix private to the test; its keys are deleted afterwards."""
-    prefix = f"edgefire-test:{uuid.uuid4().hex}:"
-    yield prefix
-    with redis.Redis.from_url(REDIS_URL) as client:
-        for key in client.scan_iter(match=prefix + "*"):
-            client.delete(key)
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 RESPONSE = CachedResponse(200, {"content-type": "application/json", "x-ü": "ünïcode"},
                           b'{"result":{"response":"hi"}}\x00\xff')

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 
 import httpx
 import pytest
@@ -22,11 +21,11 @@ from runtime.node.node import EdgeNode
 from runtime.node.settings import NodeSettings
 from runtime.server.app import create_app as create_node_app
 from tests.conftest import free_port
+from tests.redis_support import REDIS_URL, needs_redis
 
 pytestmark = pytest.mark.slow
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class Fleet:
@@ -159,16 +158,16 @@ def test_one_account_never_sees_another_accounts_data(fleet):
     assert {r["id"] for r in a_logs["result"]}.isdisjoint(r["id"] for r in b_logs["result"])
 
 
-@pytest.mark.parametrize("backend", ["memory", "redis"])
-def test_rate_limit_holds_under_concurrent_requests(fleet, backend):
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=needs_redis)])
+def test_rate_limit_holds_under_concurrent_requests(fleet, backend, request):
     account_id, token = fleet.accounts["a"]
     gateway = f"limited-{backend}"
     _, client = fleet.client()
     client.post(f"/client/v4/accounts/{account_id}/ai-gateway/gateways",
                 json={"id": gateway, "rate_limiting_limit": 5, "rate_limiting_interval": 60})
     if backend == "redis":
-        fleet.state.pipeline.limiter = RedisRateLimiter(
-            REDIS_URL, prefix=f"edgefire-test:{uuid.uuid4().hex}:")
+        prefix = request.getfixturevalue("redis_prefix")
+        fleet.state.pipeline.limiter = RedisRateLimiter(REDIS_URL, prefix=prefix)
 
     async def burst() -> list[int]:
         async with httpx.AsyncClient(base_url=fleet.gateway_url, timeout=120,
