@@ -6,8 +6,9 @@ one matmul each, which matters at decode batch sizes where per-op overhead domin
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -50,14 +51,34 @@ class LlamaConfig:
         )
 
 
+class ResidentLinear(Protocol):
+    """A projection weight kept in another form than a dense tensor (packed, quantized)."""
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W^T in x's dtype."""
+        ...
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors it holds, so that weight_bytes can count them."""
+        ...
+
+
+Projection = torch.Tensor | ResidentLinear
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
+def _linear(x: torch.Tensor, w: Projection) -> torch.Tensor:
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
+
+
 @dataclass(slots=True)
 class LlamaLayer:
     attn_norm: torch.Tensor
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    o: torch.Tensor
+    qkv: Projection  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: Projection
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
+    gate_up: Projection  # [2 * intermediate, hidden]
+    down: Projection
 
 
 @dataclass(slots=True)
@@ -106,16 +127,30 @@ class LlamaForCausalLM:
         self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
+        self.weight_precision = "+".join(str(d).removeprefix("torch.") for d in dtypes)
+
+    def make_resident(self, to_resident: Callable[[torch.Tensor], ResidentLinear],
+                      precision: str) -> None:
+        """Replace every layer's projections with to_resident's form (a weight-only quantizing
+        codec's); embeddings, lm_head and norms stay dense. One resident object serves every
+        compute dtype, built from the widest copy, and the dense copies are released."""
+        widest = max(self.dtypes, key=lambda d: d.itemsize)
+        for i, layer in enumerate(self.params[widest].layers):
+            for name in PROJECTIONS:
+                resident = to_resident(getattr(layer, name))
+                for w in self.params.values():
+                    setattr(w.layers[i], name, resident)
+        self.weight_precision = precision
 
     @property
     def weight_bytes(self) -> int:
         seen: dict[int, int] = {}  # tied lm_head and embed share storage: count it once
         for w in self.params.values():
-            tensors = [w.embed, w.final_norm, w.lm_head]
-            tensors += [t for layer in w.layers for t in (getattr(layer, f) for f in
-                                                          LlamaLayer.__slots__)]
-            for t in tensors:
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            held = [w.embed, w.final_norm, w.lm_head]
+            held += [getattr(layer, f) for layer in w.layers for f in LlamaLayer.__slots__]
+            for item in held:
+                for t in (item,) if isinstance(item, torch.Tensor) else item.tensors():
+                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return sum(seen.values())
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -133,15 +168,15 @@ class LlamaForCausalLM:
         n = h.shape[0]
         for i, layer in enumerate(w.layers):
             x = F.rms_norm(h, (c.hidden_size,), layer.attn_norm, eps)
-            q, k, v = F.linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], -1)
+            q, k, v = _linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], -1)
             q, k = w.rotary(positions, q.view(n, c.num_heads, c.head_dim),
                             k.view(n, c.num_kv_heads, c.head_dim))
             attn = self.attention.forward(q, k, v.view(n, c.num_kv_heads, c.head_dim),
                                           kv_cache[i], meta)
-            h = h + F.linear(attn, layer.o)
+            h = h + _linear(attn, layer.o)
             x = F.rms_norm(h, (c.hidden_size,), layer.mlp_norm, eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = _linear(x, layer.gate_up).chunk(2, dim=-1)
+            h = h + _linear(F.silu(gate) * up, layer.down)
         return F.rms_norm(h, (c.hidden_size,), w.final_norm, eps)
 
     @torch.inference_mode()

@@ -29,6 +29,9 @@ def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -
         cache.store(key, entry)
     config = LlamaConfig(**entry.model_meta["config"])
     model = LlamaForCausalLM(config, entry.weights, precision.dtypes, precision.kv)
+    to_resident = getattr(codec, "to_resident", None)
+    if to_resident is not None:  # a quantizing codec keeps its packed form resident
+        model.make_resident(to_resident, codec.precision)
     max_len = min(config.max_position, spec.context_window)
     return LoadedModel(spec, model, entry.tokenizer, config.vocab_size, max_len)
 
