@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "edgefire"
 DEFAULT_PLUGINS = ("plugins.llama", "plugins.bert", "plugins.local_paged",
-                   "plugins.identity_codec", "plugins.providers")
+                   "plugins.identity_codec", "plugins.unweight", "plugins.quant",
+                   "plugins.providers")
 
 
 @dataclass(slots=True)

@@ -1,0 +1,51 @@
+"""Unweight-style lossless BF16 weight codec (exponent palette + Huffman, verbatim rows).
+
+`unweight` stores each BF16 tensor in the distribution form and decodes it bit for bit.
+`to_inference_form` / `decode_inference` are the load-time transcode and the cheap per-use
+decode, for an engine that keeps weights compressed while resident.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plugins.unweight.form import (
+    Distribution,
+    Inference,
+    Passthrough,
+    decode_distribution,
+    decode_inference,
+    encode,
+    to_inference_form,
+)
+from plugins.unweight.serial import from_bytes, to_bytes
+from runtime.plugins import hookimpl
+
+__all__ = ["Distribution", "Inference", "Passthrough", "UnweightCodec", "decode",
+           "decode_distribution", "decode_inference", "encode", "from_bytes", "to_bytes",
+           "to_inference_form"]
+
+
+def decode(encoded: Distribution | Inference | Passthrough | bytes) -> torch.Tensor:
+    if isinstance(encoded, Passthrough):
+        return encoded.tensor
+    if isinstance(encoded, Inference):
+        return decode_inference(encoded)
+    if isinstance(encoded, (bytes, bytearray, memoryview)):
+        encoded = from_bytes(encoded)
+    return decode_distribution(encoded)
+
+
+class UnweightCodec:
+    name = "unweight"
+
+    def encode(self, tensor: torch.Tensor) -> Distribution | Passthrough:
+        return encode(tensor)
+
+    def decode(self, encoded: Distribution | Inference | Passthrough | bytes) -> torch.Tensor:
+        return decode(encoded)
+
+
+@hookimpl
+def edgefire_register_codecs(register):
+    register("unweight", UnweightCodec)
