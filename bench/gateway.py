@@ -47,10 +47,6 @@ _ANSWER_BYTES = json.dumps(ANSWER).encode()
 BODY = json.dumps({"prompt": "Say hi", "max_tokens": 4}).encode()
 TARGET_ADDED_P50_MS = 2.0
 ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    # Run as a script, this file's folder leads sys.path and its name would shadow the gateway
-    # package (imported where needed, below this line's effect); the repository root replaces it.
-    sys.path[0] = str(ROOT)
 
 
 def fake_node_app(seen: list[dict] | None = None, models: tuple[str, ...] = (MODEL,)) -> Starlette:

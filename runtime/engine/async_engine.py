@@ -73,10 +73,6 @@ class AsyncEngine:
             self._compute.shutdown()
 
     @property
-    def num_unfinished(self) -> int:
-        return len(self._streams)
-
-    @property
     def num_waiting(self) -> int:
         """Requests not yet running: queued in the scheduler or still in the command queue."""
         return max(0, len(self._streams) - len(self.engine.scheduler.running))

@@ -77,10 +77,8 @@ class Generation:
         await self._stack.aclose()
 
     async def _release(self, choice: _Choice) -> None:
-        # abort() first: closing a stream that was never read would not reach its own abort.
-        self._served.engine.abort(choice.request_id)
         choice.timer.end("aborted")
-        await choice.stream.aclose()
+        await choice.stream.aclose()  # aborts the request, read or not, unless it finished
 
 
 class TextGenerator:
