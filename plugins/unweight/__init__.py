@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import torch
 
-from plugins.unweight.form import (
-    Distribution,
+from plugins.unweight.form import Distribution, Passthrough, decode_distribution, encode
+from plugins.unweight.inference import (
     Inference,
-    Passthrough,
-    decode_distribution,
     decode_inference,
-    encode,
+    inference_form,
     to_inference_form,
 )
 from plugins.unweight.serial import from_bytes, to_bytes
 from runtime.plugins import hookimpl
 
 __all__ = ["Distribution", "Inference", "Passthrough", "UnweightCodec", "decode",
-           "decode_distribution", "decode_inference", "encode", "from_bytes", "to_bytes",
-           "to_inference_form"]
+           "decode_distribution", "decode_inference", "encode", "from_bytes", "inference_form",
+           "to_bytes", "to_inference_form"]
 
 
 def decode(encoded: Distribution | Inference | Passthrough | bytes) -> torch.Tensor:

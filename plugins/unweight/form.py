@@ -3,8 +3,9 @@
 Each BF16 weight splits into an exponent byte and a sign+mantissa byte (kept raw). Exponents
 map onto a per-tensor palette of the 16 most frequent values; a row (`row_width` weights of
 the flattened tensor) holding any other exponent is kept verbatim, so decoding branches once
-per row. The distribution form Huffman-codes the palette indices; the inference form packs
-them four bits each. The last row is padded with the commonest exponent, so rows are whole.
+per row. The distribution form Huffman-codes the palette indices of the other rows (the
+inference form, in inference.py, packs them four bits each). The last row is padded with the
+commonest exponent, so rows are whole.
 """
 
 from __future__ import annotations
@@ -77,14 +78,6 @@ class Distribution:
     stream: np.ndarray  # uint8, padded by huffman.STREAM_PAD bytes
 
 
-@dataclass(slots=True)
-class Inference:
-    """Palette indices packed two per byte (low nibble first): 12 bits per coded weight."""
-
-    layout: Layout
-    packed: np.ndarray  # uint8
-
-
 def _split(tensor: torch.Tensor, row_width: int) -> tuple[Layout, np.ndarray]:
     """The layout and the palette index of every coded weight."""
     flat = tensor.detach().contiguous().view(torch.int16).reshape(-1).numpy().view(np.uint16)
@@ -152,24 +145,3 @@ def decode_distribution(form: Distribution, threads: int | None = None,
         out.view(rows, -1)[torch.from_numpy(layout.verbatim_rows.astype(np.int64))] = (
             torch.from_numpy(layout.verbatim_values.view(np.int16)))
     return out[:layout.numel].view(torch.bfloat16).view(layout.shape)
-
-
-def to_inference_form(form: Distribution) -> Inference:
-    """Transcode for inference: decode once, keep the palette and rows, repack the indices."""
-    layout = form.layout
-    flat = decode_distribution(form).view(torch.int16).reshape(-1).numpy().view(np.uint16)
-    padded = np.full(layout.rows * layout.row_width, int(layout.palette[0]) << 7, np.uint16)
-    padded[:flat.size] = flat
-    coded = padded.reshape(layout.rows, -1)[layout.coded_rows()].reshape(-1)
-    lookup = np.zeros(256, dtype=np.uint8)
-    lookup[layout.palette] = np.arange(len(layout.palette), dtype=np.uint8)
-    index = lookup[(coded >> 7) & 0xFF]
-    return Inference(layout, index[0::2] | (index[1::2] << 4))
-
-
-def decode_inference(form: Inference) -> torch.Tensor:
-    """The BF16 tensor by gathering palette exponents: cheap enough to run right before use."""
-    packed = torch.from_numpy(form.packed)
-    index = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(-1).long()
-    exponent = torch.from_numpy(_exponent_bits(form.layout.palette))[index]
-    return form.layout.assemble(_combine(exponent, form.layout.sign_mantissa))
