@@ -85,9 +85,9 @@ class LlamaLayer:
 class LlamaWeights:
     """The whole model's weights in one compute dtype."""
 
-    embed: torch.Tensor
+    embed: torch.Tensor | ResidentLinear  # resident: also offers rows(ids, dtype)
     final_norm: torch.Tensor
-    lm_head: torch.Tensor
+    lm_head: Projection
     layers: list[LlamaLayer]
     rotary: RotaryEmbedding
 
@@ -130,16 +130,23 @@ class LlamaForCausalLM:
         self.weight_precision = "+".join(str(d).removeprefix("torch.") for d in dtypes)
 
     def make_resident(self, to_resident: Callable[[torch.Tensor], ResidentLinear],
-                      precision: str) -> None:
-        """Replace every layer's projections with to_resident's form (a weight-only quantizing
-        codec's); embeddings, lm_head and norms stay dense. One resident object serves every
-        compute dtype, built from the widest copy, and the dense copies are released."""
-        widest = max(self.dtypes, key=lambda d: d.itemsize)
-        for i, layer in enumerate(self.params[widest].layers):
+                      precision: str, embeddings: bool = False) -> None:
+        """Replace every layer's projections with to_resident's form (a weight codec's packed
+        or quantized one); with `embeddings` (a lossless codec) the embedding table and
+        lm_head too, which must then offer `rows(ids, dtype)`. Norms stay dense. One resident
+        object serves every compute dtype, built from the widest copy, and the dense copies
+        are released."""
+        widest = self.params[max(self.dtypes, key=lambda d: d.itemsize)]
+        for i, layer in enumerate(widest.layers):
             for name in PROJECTIONS:
                 resident = to_resident(getattr(layer, name))
                 for w in self.params.values():
                     setattr(w.layers[i], name, resident)
+        if embeddings:
+            embed = to_resident(widest.embed)
+            lm_head = embed if self.config.tie_embeddings else to_resident(widest.lm_head)
+            for w in self.params.values():
+                w.embed, w.lm_head = embed, lm_head
         self.weight_precision = precision
 
     @property
@@ -162,9 +169,11 @@ class LlamaForCausalLM:
                 kv_cache: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] after the final norm, in `dtype`."""
         c = self.config
-        w = self.params[dtype or self.dtypes[0]]
+        dtype = dtype or self.dtypes[0]
+        w = self.params[dtype]
         eps = c.rms_norm_eps
-        h = F.embedding(input_ids, w.embed)
+        h = (F.embedding(input_ids, w.embed) if isinstance(w.embed, torch.Tensor)
+             else w.embed.rows(input_ids, dtype))
         n = h.shape[0]
         for i, layer in enumerate(w.layers):
             x = F.rms_norm(h, (c.hidden_size,), layer.attn_norm, eps)
@@ -182,7 +191,7 @@ class LlamaForCausalLM:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
-        return F.linear(hidden, self.params[hidden.dtype].lm_head).float()
+        return _linear(hidden, self.params[hidden.dtype].lm_head).float()
 
 
 _GGUF_NAMES = {

@@ -16,10 +16,11 @@ from plugins.unweight.inference import (
     inference_form,
     to_inference_form,
 )
+from plugins.unweight.resident import UnweightLinear
 from plugins.unweight.serial import from_bytes, to_bytes
 from runtime.plugins import hookimpl
 
-__all__ = ["Distribution", "Inference", "Passthrough", "UnweightCodec", "decode",
+__all__ = ["Distribution", "Inference", "Passthrough", "UnweightCodec", "UnweightLinear", "decode",
            "decode_distribution", "decode_inference", "encode", "from_bytes", "inference_form",
            "to_bytes", "to_inference_form"]
 
@@ -35,13 +36,25 @@ def decode(encoded: Distribution | Inference | Passthrough | bytes) -> torch.Ten
 
 
 class UnweightCodec:
+    """Lossless: the stored form decodes bit for bit. While resident, every 2-D weight the
+    model multiplies by (embeddings included) stays in the 12-bit inference form."""
+
     name = "unweight"
+    precision = "bfloat16-unweight"
+    resident_embeddings = True
 
     def encode(self, tensor: torch.Tensor) -> Distribution | Passthrough:
         return encode(tensor)
 
     def decode(self, encoded: Distribution | Inference | Passthrough | bytes) -> torch.Tensor:
         return decode(encoded)
+
+    def to_resident(self, tensor: torch.Tensor) -> UnweightLinear:
+        return UnweightLinear.from_weight(tensor)
+
+    def to_bytes(self, encoded: Distribution | Passthrough) -> bytes | None:
+        """The distribution form as bundle bytes; None for a tensor kept as it is."""
+        return None if isinstance(encoded, Passthrough) else to_bytes(encoded)
 
 
 @hookimpl

@@ -19,6 +19,9 @@ import numpy as np
 import torch
 
 from plugins.unweight.form import PALETTE_SIZE, ROW_WIDTH, Distribution, decode_distribution
+from plugins.unweight.native import resident_kernels
+
+NATIVE_ROW_WIDTH = 64  # the width the native kernels are built for
 
 
 @dataclass(slots=True)
@@ -56,33 +59,44 @@ def inference_form(tensor: torch.Tensor, row_width: int = ROW_WIDTH) -> Inferenc
         raise TypeError(f"the inference form holds bfloat16 weights, not {tensor.dtype}")
     if row_width % 2:
         raise ValueError("a row must hold an even number of weights (two indices per byte)")
-    flat = tensor.detach().contiguous().view(torch.int16).reshape(-1).numpy().view(np.uint16)
-    exponent = ((flat >> 7) & 0xFF).astype(np.uint8)
-    counts = np.bincount(exponent, minlength=256)
+    words = tensor.detach().contiguous().view(torch.int16).reshape(-1)
+    kernels = resident_kernels() if row_width == NATIVE_ROW_WIDTH else None
+    if kernels is not None:
+        counts = kernels.exponent_histogram(words).numpy()
+    else:
+        counts = np.bincount((words.numpy().view(np.uint16) >> 7) & 0xFF, minlength=256)
     order = np.argsort(-counts, kind="stable")[:PALETTE_SIZE]
     used = order[counts[order] > 0].astype(np.uint8)
     palette = np.zeros(PALETTE_SIZE, dtype=np.uint8)
     palette[:len(used)] = used
     lookup = np.full(256, 255, dtype=np.uint8)
     lookup[used] = np.arange(len(used), dtype=np.uint8)
-    rows = -(-flat.size // row_width)
-    pad = rows * row_width - flat.size
-    # Padding repeats the commonest exponent (index 0) with zero sign+mantissa: never verbatim.
-    index = np.concatenate([lookup[exponent], np.zeros(pad, np.uint8)]).reshape(rows, -1)
-    sm = (((flat >> 8) & 0x80) | (flat & 0x7F)).astype(np.uint8)
-    sm = np.concatenate([sm, np.zeros(pad, np.uint8)]).reshape(rows, -1)
+    rows = -(-words.numel() // row_width)
+    # Padding repeats the commonest exponent with zero sign+mantissa: never verbatim.
+    pad = torch.full((rows * row_width - words.numel(),), int(palette[0]) << 7, dtype=torch.int16)
+    padded = torch.cat([words, pad]).view(rows, row_width)
+    if kernels is not None:
+        packed = torch.empty(rows * row_width // 2, dtype=torch.uint8)
+        sm = torch.empty(rows * row_width, dtype=torch.uint8)
+        verbatim = kernels.encode_rows(padded, torch.from_numpy(lookup), packed, sm)
+    else:
+        packed, sm, verbatim = _encode_rows(padded.numpy().view(np.uint16), lookup)
+    flags = torch.from_numpy(np.packbits(verbatim.numpy(), bitorder="little"))
+    return Inference(tuple(tensor.shape), words.numel(), row_width, torch.from_numpy(palette),
+                     packed, sm, flags, padded[verbatim].contiguous())
+
+
+def _encode_rows(words: np.ndarray, lookup: np.ndarray,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """encode_rows without the native kernel: packed indices, sign+mantissa, verbatim rows."""
+    index = lookup[(words >> 7) & 0xFF]
+    sm = (((words >> 8) & 0x80) | (words & 0x7F)).astype(np.uint8)
     verbatim = (index == 255).any(axis=1)
     index[verbatim] = 0
     sm[verbatim] = 0
-    values = np.zeros((int(verbatim.sum()), row_width), dtype=np.uint16)
-    if values.size:
-        padded = np.concatenate([flat, np.zeros(pad, np.uint16)]).reshape(rows, -1)
-        values[:] = padded[verbatim]
     packed = index[:, 0::2] | (index[:, 1::2] << 4)
-    flags = np.packbits(verbatim, bitorder="little")
-    return Inference(tuple(tensor.shape), flat.size, row_width, torch.from_numpy(palette),
-                     torch.from_numpy(packed.reshape(-1)), torch.from_numpy(sm.reshape(-1)),
-                     torch.from_numpy(flags), torch.from_numpy(values.view(np.int16)))
+    return (torch.from_numpy(packed.reshape(-1)), torch.from_numpy(sm.reshape(-1)),
+            torch.from_numpy(verbatim))
 
 
 def to_inference_form(form: Distribution) -> Inference:
