@@ -25,7 +25,9 @@ WORKERS_AI = "workers-ai"
 class InferenceRoutes:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
-        self.catalog = CatalogRoutes(state.catalog)
+        # No compute dtype: the nodes choose theirs, so a dense model's precision is left to
+        # them (each response names it in x-edgefire-weight-precision).
+        self.catalog = CatalogRoutes(state.catalog, None)
 
     # Workers AI REST (`/client/v4/accounts/{acct}/ai/…`); cf-aig-gateway-id opts into a gateway.
     async def run(self, request: Request) -> Response:

@@ -153,6 +153,7 @@ class BertEncoder:
         self.config = config
         self.dtype = dtype
         self.weights = weights
+        self.weight_precision = str(dtype).removeprefix("torch.")  # as LlamaForCausalLM names it
         self._act = _ACTIVATIONS[config.hidden_act]
 
     @property

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -16,6 +15,7 @@ from runtime.engine.precision import Precision
 from runtime.errors import WeightsNotFoundError
 from runtime.model_loader import LoadedModel
 from runtime.plugins import hookimpl
+from runtime.weight_precision import EMBEDDING_DTYPE
 from runtime.weights import resolve_source
 from runtime.weights.codec import WeightCodec, through_codec
 
@@ -31,11 +31,12 @@ def load_bert(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> Load
     config = BertConfig.from_json(folder / "config.json")
     _check_pooling(spec, folder, config)
     tensors = through_codec(load_file(folder / "model.safetensors").items(), codec)
-    # Embeddings are computed in float32 whatever `precision` says: bfloat16 moved vectors by
-    # up to ~6e-5 in cosine distance on sample sentences, most of the 1e-4 parity budget with
-    # the reference model, and vectors are stored and compared long after they are made.
-    # The model is small (~90 MB in float32), so bfloat16's bandwidth saving buys little.
-    dtype = torch.float32
+    # Embeddings are computed in EMBEDDING_DTYPE (float32) whatever `precision` says: bfloat16
+    # moved vectors by up to ~6e-5 in cosine distance on sample sentences, most of the 1e-4
+    # parity budget with the reference model, and vectors are stored and compared long after
+    # they are made. The model is small (~90 MB in float32), so bfloat16's bandwidth saving
+    # buys little.
+    dtype = EMBEDDING_DTYPE
     encoder = BertEncoder(config, weights_from_checkpoint(config, tensors, dtype), dtype)
     st_config = folder / "sentence_bert_config.json"
     max_seq = (json.loads(st_config.read_text()).get("max_seq_length")

@@ -34,6 +34,8 @@ class Encoder(Protocol):
     @property
     def weight_bytes(self) -> int: ...
 
+    weight_precision: str  # as runtime.weight_precision names it
+
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
 
 
@@ -76,6 +78,10 @@ class EmbeddingModel:
     @property
     def memory_bytes(self) -> int:
         return self.encoder.weight_bytes
+
+    @property
+    def weight_precision(self) -> str:
+        return self.encoder.weight_precision
 
     def embed(self, texts: list[str]) -> tuple[torch.Tensor, int]:
         """Vectors [len(texts), dim] float32 (unit norm) and the total token count."""

@@ -119,6 +119,19 @@ def test_quantized_models_report_precision_and_shrink(loaded) -> None:
 
 
 @pytest.mark.slow
+def test_catalog_variants_state_the_precision_their_models_report(loaded) -> None:
+    from runtime.catalog import Catalog
+    from runtime.weight_precision import stated_precision
+
+    catalog = Catalog.load()
+    for codec, name in (("identity", MODEL), ("int8", f"{MODEL}-int8"), ("int4", f"{MODEL}-int4")):
+        spec = catalog.get_runnable(name)
+        assert spec.codec == codec and spec.weights == catalog.get(MODEL).weights
+        # `loaded` holds dense weights in bfloat16.
+        assert stated_precision(spec, "bfloat16") == loaded[codec].model.weight_precision
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["int8", "int4"])
 def test_quantized_models_generate_coherent_text(loaded, codec: str) -> None:
     from runtime.engine.llm_engine import EngineConfig, LLMEngine

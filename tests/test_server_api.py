@@ -14,9 +14,12 @@ from runtime.node.city import load_city
 from runtime.node.node import EdgeNode
 from runtime.node.settings import NodeSettings
 from runtime.server import create_app
+from runtime.server.catalog_api import model_object
+from runtime.weight_precision import compute_precision
 
 API = "/client/v4/accounts/acct/ai"
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
+SMOL_INT8, SMOL_INT4 = f"{SMOL}-int8", f"{SMOL}-int4"
 MINILM = "@cf/sentence-transformers/all-minilm-l6-v2"
 
 
@@ -208,6 +211,32 @@ def test_models_search(client, node):
         assert (shown.get("planning_only") == "true") is (not spec.runnable)
         if "price" in spec.extra:
             assert shown["price"] == spec.extra["price"]
+
+
+def test_models_search_states_each_weight_precision(client, node):
+    result = client.get(f"{API}/models/search").json()["result"]
+    shown = {m["name"]: {p["property_id"]: p["value"] for p in m["properties"]} for m in result}
+    compute = compute_precision(node.settings.dtype)
+    expected = {SMOL: (compute, "identity"), SMOL_INT8: ("int8", "int8"),
+                SMOL_INT4: ("int4-g32", "int4"), MINILM: ("float32", "identity")}
+    for name, (precision, codec) in expected.items():
+        assert (shown[name]["weight_precision"], shown[name]["weight_codec"]) == (precision, codec)
+    # Planning-only models show their published dtype and no codec.
+    assert shown["@cf/meta/llama-3.1-8b-instruct"]["weight_precision"] == "bfloat16"
+    assert shown["@cf/moonshotai/kimi-k2.5"]["weight_precision"] == "int4"
+    assert not any("weight_codec" in props for props in shown.values()
+                   if props.get("planning_only"))
+
+
+def test_without_a_node_a_dense_models_precision_is_not_stated(node):
+    # The gateway's catalog: nodes choose their compute dtype, so only codecs fix a precision.
+    def stated(name: str) -> dict:
+        properties = model_object(node.catalog.get(name), None)["properties"]
+        return {p["property_id"]: p["value"] for p in properties}
+
+    assert "weight_precision" not in stated(SMOL) and stated(SMOL)["weight_codec"] == "identity"
+    assert stated(SMOL_INT8)["weight_precision"] == "int8"
+    assert stated(MINILM)["weight_precision"] == "float32"
 
 
 @pytest.mark.parametrize(("params", "wanted"), [

@@ -11,12 +11,15 @@ from runtime.node.city import load_city
 from runtime.node.node import EdgeNode
 from runtime.node.settings import NodeSettings
 from runtime.server import create_app
+from runtime.weight_precision import PRECISION_HEADER, compute_precision
 
 pytestmark = pytest.mark.slow
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
+SMOL_INT8 = f"{SMOL}-int8"
 MINILM = "@cf/sentence-transformers/all-minilm-l6-v2"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+COMPUTE = compute_precision(NodeSettings().dtype)  # what the node below holds dense weights in
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,21 @@ def test_chat_completion(client):
     usage = completion.usage
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert 0 < usage.completion_tokens <= 24
+
+
+def test_precision_in_header_and_system_fingerprint(client):
+    # The int8 variant loads here (a few seconds): the one quantized model these tests serve.
+    for model, precision in ((SMOL, COMPUTE), (SMOL_INT8, "int8")):
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=QUESTION, max_tokens=2)
+        assert raw.headers[PRECISION_HEADER] == precision
+        assert raw.parse().system_fingerprint == f"edgefire-{precision}"
+    with client.chat.completions.with_streaming_response.create(
+            model=SMOL_INT8, messages=QUESTION, max_tokens=2, stream=True) as response:
+        assert response.headers[PRECISION_HEADER] == "int8"
+        assert {c.system_fingerprint for c in response.parse()} == {"edgefire-int8"}
+    raw = client.embeddings.with_raw_response.create(model=MINILM, input="A cat sat.")
+    assert raw.headers[PRECISION_HEADER] == "float32"
 
 
 def test_streaming_with_usage_matches_the_completion(client):

@@ -15,6 +15,7 @@ from runtime.node.city import load_city
 from runtime.node.node import EdgeNode
 from runtime.node.settings import NodeSettings
 from runtime.server import create_app
+from runtime.weight_precision import PRECISION_HEADER, compute_precision, stated_precision
 
 pytestmark = pytest.mark.slow
 
@@ -128,6 +129,17 @@ def test_stream_reassembles_to_the_answer(server):
     assert "".join(c["response"] for c in pieces) == answer["response"]
     assert last["response"] == "" and last["usage"]["completion_tokens"] == (
         answer["usage"]["completion_tokens"])
+
+
+def test_responses_name_the_weight_precision_the_catalog_states(server):
+    served = server.node.registry.models()[SMOL].weight_precision
+    stated = stated_precision(server.node.catalog.get(SMOL),
+                              compute_precision(server.node.settings.dtype))
+    assert served == stated
+    assert _run(server, prompt="Hi", max_tokens=2).headers[PRECISION_HEADER] == served
+    with server.client.stream("POST", RUN, json={"prompt": "Hi", "max_tokens": 2,
+                                                 "stream": True}) as response:
+        assert response.headers[PRECISION_HEADER] == served
 
 
 @pytest.mark.parametrize(("inputs", "field"), [

@@ -10,6 +10,7 @@ import httpx
 
 from runtime.catalog import Catalog
 from runtime.errors import EdgefireError
+from runtime.weight_precision import PRECISION_HEADER
 
 
 @dataclass(slots=True)
@@ -36,6 +37,11 @@ class UpstreamResponse:
     @property
     def ok(self) -> bool:
         return self.status < 400
+
+
+# What the client sees of an upstream's headers: the body's type, and what the edge node says
+# of the answer (its request id; the precision of the weights that made it).
+_KEPT_HEADERS = ("content-type", "cf-ai-req-id", PRECISION_HEADER)
 
 
 class UpstreamError(EdgefireError):
@@ -72,8 +78,7 @@ async def forward(http: httpx.AsyncClient, method: str, url: str, request: Upstr
                                                       headers=headers), stream=True)
     except httpx.TransportError as exc:
         raise UpstreamError(f"upstream unreachable: {exc.__class__.__name__}") from exc
-    kept = {k: v for k, v in upstream.headers.items()
-            if k.lower() in ("content-type", "cf-ai-req-id")}
+    kept = {k: v for k, v in upstream.headers.items() if k.lower() in _KEPT_HEADERS}
     if request.stream and upstream.status_code == 200:
         return UpstreamResponse(upstream.status_code, kept, chunks=upstream.aiter_raw(),
                                 close=upstream.aclose, node=node)

@@ -14,6 +14,7 @@ from runtime.engine.sequence import Sequence
 
 class CausalLM(Protocol):
     kv_dtype: torch.dtype
+    weight_precision: str  # as runtime.weight_precision names it
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]: ...
 

@@ -24,6 +24,7 @@ class TextModel:
     tokenizer: Tokenizer
     max_model_len: int
     memory_bytes: int
+    weight_precision: str  # the loaded model's own (runtime.weight_precision)
 
     @property
     def num_waiting(self) -> int:
@@ -40,6 +41,7 @@ class EmbeddingServed:
     dimensions: int
     max_tokens: int
     memory_bytes: int
+    weight_precision: str
 
     def close(self) -> None:
         self.embedder.close()
@@ -56,7 +58,7 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings,
         engine, loaded = build_engine(spec, config)
         memory = loaded.model.weight_bytes + engine.runner.kv_cache.nbytes
         return TextModel(spec, AsyncEngine(engine, compute), loaded.tokenizer,
-                         engine.config.max_model_len, memory)
+                         engine.config.max_model_len, memory, loaded.model.weight_precision)
     if spec.task == TEXT_EMBEDDINGS:
         from runtime.embeddings import AsyncEmbedder
         from runtime.engine.precision import Precision
@@ -65,7 +67,6 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings,
         loaded = load_model(spec, Precision.parse(settings.dtype))
         model = loaded.model
         return EmbeddingServed(spec, AsyncEmbedder(model, executor=compute), model.dim,
-                               loaded.max_model_len,
-                               model.memory_bytes)
+                               loaded.max_model_len, model.memory_bytes, model.weight_precision)
     raise ModelUnavailableError(f"{spec.id}: task {spec.task!r} is not served by this node",
                                 field="model")

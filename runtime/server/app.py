@@ -9,7 +9,8 @@ Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node sec
   GET  API/v1/models               OpenAI model list (runnable models)
   GET  /health                     503 until the node is ready, then node.health()
   GET  /metrics                    Prometheus text (names in runtime.server.metrics)
-Health and metrics need no secret: load balancers and scrapers probe them.
+Health and metrics need no secret: load balancers and scrapers probe them. Every inference
+response names the model's weight precision in x-edgefire-weight-precision.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from runtime.server.metrics import ServerMetrics
 from runtime.server.native import WorkersAIRoutes
 from runtime.server.openai_compat import OpenAIRoutes
 from runtime.server.ops import OpsRoutes
+from runtime.weight_precision import compute_precision
 
 API_PREFIX = "/client/v4/accounts/{account_id}/ai"
 
@@ -43,7 +45,7 @@ def create_app(node: EdgeNode) -> Starlette:
     text, embedder = TextGenerator(node, metrics), Embedder(node, metrics)
     native = WorkersAIRoutes(node, text, embedder)
     openai = OpenAIRoutes(node, text, embedder)
-    catalog = CatalogRoutes(node.catalog)
+    catalog = CatalogRoutes(node.catalog, compute_precision(node.settings.dtype))
     ops = OpsRoutes(node, metrics)
     api = [
         Route("/run/{model:path}", native.run, methods=["POST"]),

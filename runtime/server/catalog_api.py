@@ -2,7 +2,9 @@
 
 A model's properties are its context window, then any catalog field named like a Workers AI
 property (`price`, `function_calling`, …: _PROPERTY_IDS), then `planning_only` for models that
-cannot run here. Values are strings except `price`, as Cloudflare's.
+cannot run here. Values are strings except `price`, as Cloudflare's. Edgefire adds
+`weight_precision` (runtime.weight_precision; absent where unknown) and, for runnable models,
+`weight_codec` (the catalog `codec` the weights load through).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from runtime.errors import InvalidInputError
 from runtime.server.envelope import success
 from runtime.server.inputs import find_model
 from runtime.server.tasks import TASKS, task_of
+from runtime.weight_precision import stated_precision
 
 _PROPERTY_IDS = ("price", "function_calling", "reasoning", "vision", "async_queue", "beta",
                  "lora", "terms", "info", "max_input_tokens", "output_dimensions", "partner",
@@ -40,7 +43,8 @@ def openai_model_list(catalog: Catalog) -> dict:
     return {"object": "list", "data": data}
 
 
-def model_object(spec: ModelSpec) -> dict:
+def model_object(spec: ModelSpec, compute: str | None) -> dict:
+    """compute: the node's compute precision (None at the gateway, which holds no models)."""
     task = task_of(spec.task)
     return {
         "id": str(uuid.uuid5(uuid.NAMESPACE_URL, spec.id)),
@@ -49,20 +53,21 @@ def model_object(spec: ModelSpec) -> dict:
         "description": spec.description.strip(),
         "task": {"id": task.id, "name": task.name, "description": task.description},
         "tags": list(spec.extra.get("tags", ())),
-        "properties": _properties(spec),
+        "properties": _properties(spec, compute),
     }
 
 
 class CatalogRoutes:
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, compute: str | None) -> None:
         self.catalog = catalog
+        self.compute = compute  # as model_object takes it
 
     async def search(self, request: Request) -> Response:
         query = request.query_params
         page, per_page = _positive(query, "page", 1), _positive(query, "per_page", 20)
         found = [spec for spec in self.catalog.specs if _matches(spec, query)]
         shown = found[(page - 1) * per_page:page * per_page]
-        return success([model_object(spec) for spec in shown],
+        return success([model_object(spec, self.compute) for spec in shown],
                        {"page": page, "per_page": per_page, "count": len(shown),
                         "total_count": len(found)})
 
@@ -90,7 +95,7 @@ def _positive(query: QueryParams, key: str, default: int) -> int:
     return int(value)
 
 
-def _properties(spec: ModelSpec) -> list[dict]:
+def _properties(spec: ModelSpec, compute: str | None) -> list[dict]:
     found = {"context_window": str(spec.context_window)}
     for key, value in spec.extra.items():
         key = _RENAMED.get(key, key)
@@ -98,6 +103,11 @@ def _properties(spec: ModelSpec) -> list[dict]:
             found[key] = value if key == "price" else _string(value)
     if not spec.runnable:
         found["planning_only"] = "true"
+    precision = stated_precision(spec, compute)
+    if precision is not None:
+        found["weight_precision"] = precision
+    if spec.runnable:
+        found["weight_codec"] = spec.codec
     return [{"property_id": key, "value": value} for key, value in found.items()]
 
 

@@ -19,6 +19,7 @@ MAX_TEXTS = 100  # Workers AI's maxItems for `text`
 class Embeddings:
     vectors: torch.Tensor  # [len(texts), dim], float32
     num_tokens: int
+    weight_precision: str
 
 
 def texts_input(value: object, field: str) -> list[str]:
@@ -47,9 +48,10 @@ class Embedder:
             try:
                 async with self.node.registry.use(spec.id) as served:
                     vectors, num_tokens = await served.embedder.embed(texts)
+                    precision = served.weight_precision
             except BaseException as exc:  # cancelled: the client is gone or time ran out
                 timer.end("error" if isinstance(exc, Exception) else "aborted")
                 raise
         timer.prompt_processed(num_tokens)
         timer.end("success")
-        return Embeddings(vectors, num_tokens)
+        return Embeddings(vectors, num_tokens, precision)

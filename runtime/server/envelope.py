@@ -7,8 +7,9 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 
-def success(result: Any, result_info: dict | None = None) -> JSONResponse:
+def success(result: Any, result_info: dict | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"result": result, "success": True, "errors": [], "messages": []}
     if result_info is not None:
         body["result_info"] = result_info
-    return JSONResponse(body)
+    return JSONResponse(body, headers=headers)

@@ -31,6 +31,14 @@ class Completion:
 
 
 @dataclass(slots=True)
+class Completed:
+    """A finished call's choices and the precision of the weights that made them."""
+
+    choices: list[Completion]
+    weight_precision: str
+
+
+@dataclass(slots=True)
 class _Choice:
     request_id: str
     stream: AsyncIterator[RequestOutput]
@@ -48,6 +56,10 @@ class Generation:
     @property
     def num_choices(self) -> int:
         return len(self._choices)
+
+    @property
+    def weight_precision(self) -> str:
+        return self._served.weight_precision
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
             salt: bytes, timer: RequestTimer) -> None:
@@ -111,13 +123,14 @@ class TextGenerator:
         return generation
 
     async def complete(self, account_id: str, spec: ModelSpec, prompt: PromptInput,
-                       params: list[SamplingParams], reject_if_busy: bool) -> list[Completion]:
+                       params: list[SamplingParams], reject_if_busy: bool) -> Completed:
         """Run to the end within the node's request timeout (3007 past it, aborting)."""
         async with time_limit(self.node.settings.request_timeout_s):
             generation = await self.start(account_id, spec, prompt, params, reject_if_busy)
             try:
                 # One at a time is enough: every choice runs in the engine meanwhile.
-                return [await generation.collect(i) for i in range(generation.num_choices)]
+                choices = [await generation.collect(i) for i in range(generation.num_choices)]
+                return Completed(choices, generation.weight_precision)
             finally:
                 await generation.close()
 

@@ -18,6 +18,7 @@ from runtime.server.generation import Generation, TextGenerator, usage_json
 from runtime.server.inputs import find_model, optional, read_json, reject_if_busy, sampling_params
 from runtime.server.prompts import prompt_input
 from runtime.server.sse import EventStream
+from runtime.weight_precision import PRECISION_HEADER
 
 _Handler = Callable[[str, ModelSpec, dict[str, Any]], Awaitable[Response]]
 
@@ -42,9 +43,12 @@ class WorkersAIRoutes:
         busy = reject_if_busy(body)
         if optional(body, "stream", bool, False):
             generation = await self.text.start(account_id, spec, prompt, params, busy)
-            return EventStream(_events(generation), generation.close, openai=False)
-        [done] = await self.text.complete(account_id, spec, prompt, params, busy)
-        return success({"response": done.text, "usage": usage_json([done.usage])})
+            return EventStream(_events(generation), generation.close, openai=False,
+                               headers={PRECISION_HEADER: generation.weight_precision})
+        completed = await self.text.complete(account_id, spec, prompt, params, busy)
+        [done] = completed.choices
+        return success({"response": done.text, "usage": usage_json([done.usage])},
+                       headers={PRECISION_HEADER: completed.weight_precision})
 
     async def _embed(self, account_id: str, spec: ModelSpec, body: dict[str, Any]) -> Response:
         texts = texts_input(body.get("text"), "text")
@@ -55,7 +59,8 @@ class WorkersAIRoutes:
         embeddings = await self.embedder.embed(spec, texts)
         vectors = embeddings.vectors
         return success({"shape": list(vectors.shape), "data": vectors.tolist(),
-                        "pooling": pooling})
+                        "pooling": pooling},
+                       headers={PRECISION_HEADER: embeddings.weight_precision})
 
 
 async def _events(generation: Generation) -> AsyncIterator[dict]:

@@ -27,6 +27,7 @@ from runtime.server.inputs import (
 )
 from runtime.server.prompts import prompt_input
 from runtime.server.sse import EventStream
+from runtime.weight_precision import PRECISION_HEADER
 
 MAX_CHOICES = 8
 _ENCODINGS = ("float", "base64")
@@ -54,10 +55,14 @@ class OpenAIRoutes:
             include_usage = optional(optional(body, "stream_options", dict, {}),
                                      "include_usage", bool, False)
             generation = await self.text.start(account_id, spec, prompt, params, busy)
+            precision = generation.weight_precision
+            head["system_fingerprint"] = fingerprint(precision)
             return EventStream(_chunks(generation, head, include_usage), generation.close,
-                               openai=True)
+                               openai=True, headers={PRECISION_HEADER: precision})
         done = await self.text.complete(account_id, spec, prompt, params, busy)
-        return JSONResponse(_completion(head, done))
+        head["system_fingerprint"] = fingerprint(done.weight_precision)
+        return JSONResponse(_completion(head, done.choices),
+                            headers={PRECISION_HEADER: done.weight_precision})
 
     async def embeddings(self, request: Request) -> Response:
         body = await read_json(request, self.node.settings.max_request_bytes)
@@ -73,10 +78,17 @@ class OpenAIRoutes:
                 for i, row in enumerate(embeddings.vectors)]
         tokens = embeddings.num_tokens
         return JSONResponse({"object": "list", "data": data, "model": name,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+                            headers={PRECISION_HEADER: embeddings.weight_precision})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(openai_model_list(self.node.catalog))
+
+
+def fingerprint(weight_precision: str) -> str:
+    """OpenAI's `system_fingerprint` names the backend configuration a response came from;
+    here that is the weights' precision: `edgefire-int4-g32`."""
+    return f"edgefire-{weight_precision}"
 
 
 def _completion(head: dict, done: list[Completion]) -> dict:

@@ -29,9 +29,9 @@ class EventStream(StreamingResponse):
     """
 
     def __init__(self, events: AsyncIterator[dict], on_close: Callable[[], Awaitable[None]],
-                 *, openai: bool) -> None:
+                 *, openai: bool, headers: dict[str, str] | None = None) -> None:
         super().__init__(_encode(events, openai), media_type="text/event-stream",
-                         headers={"cache-control": "no-cache"})
+                         headers={"cache-control": "no-cache", **(headers or {})})
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
