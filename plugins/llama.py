@@ -1,4 +1,4 @@
-"""Built-in architecture: Llama-family decoders loaded from GGUF (SmolLM2, Llama 3.x)."""
+"""Built-in architecture: Llama-family decoders (SmolLM2, Llama 3.x) from GGUF or a bundle."""
 
 from __future__ import annotations
 
@@ -8,32 +8,54 @@ from pathlib import Path
 import torch
 
 from models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
+from plugins.identity_codec import IdentityCodec
 from runtime.catalog import ModelSpec
 from runtime.engine.precision import Precision
 from runtime.model_loader import LoadedModel
 from runtime.plugins import hookimpl
 from runtime.tokenizer import load_gguf_tokenizer
 from runtime.weights import read_gguf, resolve_source
+from runtime.weights.bundle import is_bundle, read_bundle
 from runtime.weights.codec import WeightCodec, through_codec
 from runtime.weights.warm_cache import WarmCache, WarmEntry, cache_key
 
 
 def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedModel:
-    """Load from the warm cache when it holds this model, else convert the GGUF and cache it."""
+    """Load from a compressed bundle (its own codec decodes it), else from the warm cache when
+    it holds this model, else convert the GGUF and cache it."""
     path = resolve_source(spec.weights)
-    cache = WarmCache()
-    key = cache_key(spec, path, codec.name, precision.dtypes)
-    entry = cache.load(key)
-    if entry is None:
-        entry = _convert_gguf(path, precision.dtypes, codec)
-        cache.store(key, entry)
+    if is_bundle(path):
+        entry = read_bundle(path, spec.architecture, precision.dtypes)
+    else:
+        entry = _warm_or_convert(spec, path, precision.dtypes, codec)
     config = LlamaConfig(**entry.model_meta["config"])
     model = LlamaForCausalLM(config, entry.weights, precision.dtypes, precision.kv)
     to_resident = getattr(codec, "to_resident", None)
-    if to_resident is not None:  # a quantizing codec keeps its packed form resident
-        model.make_resident(to_resident, codec.precision)
+    if to_resident is not None:  # the codec keeps its packed or quantized form resident
+        model.make_resident(to_resident, codec.precision,
+                            embeddings=getattr(codec, "resident_embeddings", False))
     max_len = min(config.max_position, spec.context_window)
     return LoadedModel(spec, model, entry.tokenizer, config.vocab_size, max_len)
+
+
+def export_llama(spec: ModelSpec) -> WarmEntry:
+    """The BF16 weights a bfloat16 load builds, for `edgefire compress`: taken from the warm
+    cache when such a load left them there, else converted (and not cached: the bundle is the
+    point, not a second uncompressed copy)."""
+    path, dtypes, codec = resolve_source(spec.weights), (torch.bfloat16,), IdentityCodec()
+    cached = WarmCache().load(cache_key(spec, path, codec.name, dtypes))
+    return cached or _convert_gguf(path, dtypes, codec)
+
+
+def _warm_or_convert(spec: ModelSpec, path: Path, dtypes: tuple[torch.dtype, ...],
+                     codec: WeightCodec) -> WarmEntry:
+    cache = WarmCache()
+    key = cache_key(spec, path, codec.name, dtypes)
+    entry = cache.load(key)
+    if entry is None:
+        entry = _convert_gguf(path, dtypes, codec)
+        cache.store(key, entry)
+    return entry
 
 
 def _convert_gguf(path: Path, dtypes: tuple[torch.dtype, ...], codec: WeightCodec) -> WarmEntry:
@@ -51,3 +73,8 @@ def _convert_gguf(path: Path, dtypes: tuple[torch.dtype, ...], codec: WeightCode
 @hookimpl
 def edgefire_register_models(register):
     register("llama", load_llama_gguf)
+
+
+@hookimpl
+def edgefire_register_exporters(register):
+    register("llama", export_llama)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from runtime.catalog import Catalog
 from runtime.engine.sampling_params import SamplingParams
-from runtime.errors import EdgefireError
+from runtime.errors import EdgefireError, InvalidInputError
 
 DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 
@@ -40,6 +41,28 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compress(args: argparse.Namespace) -> int:
+    from runtime.plugins import load_plugins
+    from runtime.weights import resolve_source
+    from runtime.weights.bundle import DEFAULT_CODEC, default_path, is_bundle, write_bundle
+
+    spec = Catalog.load().get_runnable(args.model)
+    source = resolve_source(spec.weights)
+    if is_bundle(source):
+        raise InvalidInputError(f"{spec.id} is already a bundle ({source})", field="model")
+    host = load_plugins()
+    export = host.exporters.get(spec.architecture)
+    codec = host.codecs.get(DEFAULT_CODEC)()
+    out = Path(args.out) if args.out else default_path(spec.id, codec.name)
+    started = time.perf_counter()
+    stats = write_bundle(out, export(spec), codec, architecture=spec.architecture,
+                         source=source, progress=True)
+    print(f"wrote {out}: {stats.tensors} tensors, {stats.raw_bytes} BF16 bytes -> "
+          f"{stats.bundle_bytes} bundle bytes ({stats.reduction:.1%} smaller) in "
+          f"{time.perf_counter() - started:.1f}s")
+    return 0
+
+
 def _plugins(args: argparse.Namespace) -> int:
     from runtime.plugins import load_plugins
 
@@ -62,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--raw", action="store_true", help="skip the chat template")
     gen.set_defaults(func=_generate)
+    compress = sub.add_parser("compress", help="write a model's compressed (Unweight) bundle")
+    compress.add_argument("model", help="catalog id or alias")
+    compress.add_argument("--out", help="bundle path (default: under the cache folder)")
+    compress.set_defaults(func=_compress)
     sub.add_parser("models", help="list the catalog").set_defaults(func=_models)
     sub.add_parser("plugins", help="list loaded plugins and what each registers").set_defaults(
         func=_plugins)

@@ -47,3 +47,10 @@ class WeightsNotFoundError(EdgefireError):
 
     code = 5019
     status = 500
+
+
+class CorruptWeightsError(EdgefireError):
+    """A weights file is damaged or is not in the format it claims to be."""
+
+    code = 5020
+    status = 500

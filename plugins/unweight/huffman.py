@@ -53,13 +53,18 @@ def encode_stream(symbols: np.ndarray, lengths: np.ndarray,
         return np.zeros(STREAM_PAD, np.uint8), np.zeros(0, np.uint64)
     codes = canonical_codes(lengths)
     sym_lengths = lengths[symbols].astype(np.int64)
-    sym_codes = codes[symbols]
     ends = np.cumsum(sym_lengths)
     starts = ends - sym_lengths
     bits = np.zeros(int(ends[-1]), dtype=bool)
-    for b in range(int(lengths.max())):
-        has = sym_lengths > b
-        bits[starts[has] + b] = (sym_codes[has] >> (sym_lengths[has] - 1 - b)) & 1
+    # Symbol by symbol, only the one bits of its code: a scatter per set bit over that symbol's
+    # positions is ~4x faster than masking every symbol once per bit position.
+    order = np.argsort(symbols, kind="stable")  # a radix sort for uint8
+    bounds = np.searchsorted(symbols[order], np.arange(len(lengths) + 1))
+    for s, (length, code) in enumerate(zip(lengths.tolist(), codes.tolist(), strict=True)):
+        at = starts[order[bounds[s]:bounds[s + 1]]]
+        for b in range(length):
+            if (code >> (length - 1 - b)) & 1:
+                bits[at + b] = True
     stream = np.concatenate([np.packbits(bits), np.zeros(STREAM_PAD, np.uint8)])
     return stream, starts[::chunk].astype(np.uint64)
 

@@ -57,9 +57,10 @@ class PluginHost:
                                             "edgefire_register_parallel_strategies")
         self.codecs = Registry("codec", "edgefire_register_codecs")
         self.providers = Registry("provider", "edgefire_register_providers")
+        self.exporters = Registry("bundle exporter", "edgefire_register_exporters")
         self.registries = {r.kind: r for r in (self.models, self.kv_backends,
                                                self.parallel_strategies, self.codecs,
-                                               self.providers)}
+                                               self.providers, self.exporters)}
         self.plugins: dict[str, PluginInfo] = {}
         self._loaded = False
         self._lock = threading.Lock()

@@ -98,7 +98,7 @@ class WarmCache:
         try:
             _write_entry(tmp, entry)
             os.rename(tmp, self.root / key)
-            _fsync(self.root)
+            fsync(self.root)
         except (OSError, SafetensorError) as exc:  # safetensors reports I/O errors its own way
             # Losing a rename race to another process loading the same model is fine.
             if not (self.root / key).is_dir():
@@ -119,7 +119,7 @@ def _write_entry(folder: Path, entry: WarmEntry) -> None:
     # Data must reach the disk before the rename publishes it, or a power cut could leave a
     # complete-looking entry full of zeros.
     for name in (WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
-        _fsync(folder / name)
+        fsync(folder / name)
 
 
 def _read_entry(folder: Path) -> WarmEntry:
@@ -140,7 +140,7 @@ def _read_entry(folder: Path) -> WarmEntry:
     return WarmEntry(weights, tokenizer, meta["model"])
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
