@@ -61,7 +61,7 @@ def _interleave(exponent: bytes, sign_mantissa: bytes) -> np.ndarray:
     return (e << 7) | ((s & 0x80) << 8) | (s & 0x7F)
 
 
-def _timed(fn, repeats: int = 3) -> float:
+def _timed(fn, repeats: int = 5) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -90,7 +90,9 @@ def _zipnn(weights: list[torch.Tensor]) -> dict:
 def _model_report(name: str, tensors: list[tuple[str, torch.Tensor]]) -> dict:
     log(f"{name}: encoding {len(tensors)} tensors")
     encoded = {n: encode(t) for n, t in tensors}
-    blobs = {n: to_bytes(e) for n, e in encoded.items() if not isinstance(e, Passthrough)}
+    # Writable buffers, as a bundle hands them to the decoder (which then reads them in place).
+    blobs = {n: bytearray(to_bytes(e)) for n, e in encoded.items()
+             if not isinstance(e, Passthrough)}
     weights = [(n, t) for n, t in tensors if t.dim() == 2]
     count = sum(t.numel() for _, t in weights)
     exact = all(torch.equal(decode(blobs[n]).view(torch.int16), t.view(torch.int16))

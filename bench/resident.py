@@ -1,7 +1,8 @@
 """Serving SmolLM2 from Unweight-resident weights vs dense BF16: memory and decode speed.
 
 Both models load in one process and are timed in alternation (median of rounds), each at
-1, 8 and 32 concurrent greedy streams; prompts are 32 tokens, 128 new tokens each. Part of
+1, 8 and 32 concurrent greedy streams (prompts of 32 tokens, 128 new tokens each), and on
+prefill alone (8 prompts of 256 tokens). Part of
 bench/codec.py's report; runs alone with `python -m bench.resident`.
 """
 
@@ -35,6 +36,15 @@ def _decode_rate(llm: LLM, n: int, tag: str) -> float:
     return n * (NEW_TOKENS - 1) / (total[0] - prefill[0])
 
 
+def _prefill_rate(llm: LLM, tag: str) -> float:
+    """Prompt tokens per second: 8 prompts of 256 tokens, one output token each."""
+    lengths = [256] * 8
+    prompts = make_prompts(llm.tokenizer.encode, lengths, seed=0, tag=tag)
+    with stopwatch() as elapsed:
+        llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    return sum(lengths) / elapsed[0]
+
+
 def measure() -> dict:
     spec = Catalog.load().get(MODEL)
     llms = {codec: LLM(MODEL, catalog=Catalog([dataclasses.replace(spec, codec=codec)]))
@@ -47,6 +57,9 @@ def measure() -> dict:
                 rates[codec][n].append(_decode_rate(llm, n, f"{codec}-{round_}"))
             log(f"resident C={n} round {round_}: " + ", ".join(
                 f"{c} {rates[c][n][-1]:.1f} tok/s" for c in llms))
+    prefill = {c: round(statistics.median(_prefill_rate(llm, f"{c}-prefill-{i}")
+                                           for i in range(ROUNDS)), 1)
+               for c, llm in llms.items()}
     check = make_prompts(llms["identity"].tokenizer.encode, [24, 40], seed=7, tag="check")
     greedy = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     same = [a.token_ids == b.token_ids for a, b in zip(
@@ -62,6 +75,7 @@ def measure() -> dict:
         "weight_precision": models["unweight"].weight_precision,
         "decode_tok_s": {c: {str(n): v for n, v in per.items()} for c, per in tok_s.items()},
         "decode_cost": {str(n): v for n, v in cost.items()},
+        "prefill_tok_s": prefill,
         "greedy_64_tokens_identical": same,
     }
 

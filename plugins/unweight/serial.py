@@ -32,8 +32,11 @@ def to_bytes(form: Distribution) -> bytes:
 
 
 def from_bytes(data: bytes | bytearray | memoryview) -> Distribution:
-    """Parse; the arrays view one private copy of `data`, so they are writable for torch."""
-    buffer = bytearray(data)
+    """Parse; the arrays view `data` when it is writable (a bundle's buffers are), else a
+    private copy of it: torch only wraps writable arrays."""
+    writable = isinstance(data, bytearray) or (isinstance(data, memoryview)
+                                               and not data.readonly)
+    buffer = data if writable else bytearray(data)
     (magic, ndim, palette_size, max_bits, row_width, chunk, numel, verbatim, chunks,
      stream_bytes) = _HEADER.unpack_from(buffer)
     if magic != MAGIC:
