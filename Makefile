@@ -39,10 +39,14 @@ lint: setup
 
 # Benchmarks run as modules from the repository root so `bench._common` resolves.
 bench: setup
+	# zipnn is a peer of the codec bench only.
+	$(PY) -m pip install -q 'zipnn>=0.5'
 	$(PY) -m bench.engine
 	$(PY) -m bench.startup
 	$(PY) -m bench.serve
 	$(PY) -m bench.gateway
+	$(PY) -m bench.codec
+	$(PY) -m bench.quant
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
