@@ -162,3 +162,27 @@ def test_bundle_loads_the_same_model_as_the_gguf(compressed: tuple[Path, str], f
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     assert ([r.token_ids for r in from_bundle.generate(ids, params)]
             == [r.token_ids for r in from_gguf.generate(ids, params)])
+
+
+@pytest.mark.slow
+def test_bundle_loads_into_the_resident_form(compressed: tuple[Path, str], from_gguf: LLM,
+                                             tmp_path: Path, monkeypatch):
+    """Distribution form on disk -> inference form in memory, bit for bit the same weights."""
+    out, _ = compressed
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(json.dumps({"models": [{
+        "id": "@cf/test/smollm2-resident", "task": "text-generation", "architecture": "llama",
+        "weights": str(out), "codec": "unweight", "context_window": 8192}]}))
+    with monkeypatch.context() as patch:
+        _forbid_gguf(patch)
+        resident = LLM("@cf/test/smollm2-resident", dtype="bfloat16",
+                       catalog=Catalog.load(catalog)).engine.runner.model
+    dense = from_gguf.engine.runner.model.params[torch.bfloat16]
+    packed = resident.params[torch.bfloat16]
+    assert resident.weight_precision == "bfloat16-unweight"
+    pairs = [(packed.embed, dense.embed)] + [
+        (getattr(p, name), getattr(d, name))
+        for p, d in zip(packed.layers, dense.layers, strict=True)
+        for name in ("qkv", "o", "gate_up", "down")]
+    for held, weight in pairs:
+        assert torch.equal(held.decode().view(torch.int16), weight.view(torch.int16))
