@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from runtime.log_setup import configure_logging
 from runtime.node.city import all_cities, load_city
 
 
@@ -34,7 +35,7 @@ def _cities(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     parser = argparse.ArgumentParser(prog="edge-node")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="serve one city's node over HTTP")

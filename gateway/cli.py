@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from gateway.cli_accounts import add_account_commands
 from gateway.db import Database
 from gateway.settings import GatewaySettings
 from runtime.errors import EdgefireError
+from runtime.log_setup import configure_logging
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def _settings(args: argparse.Namespace) -> GatewaySettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     parser = argparse.ArgumentParser(prog="edge-gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="serve the gateway")
