@@ -88,6 +88,18 @@ def test_fused_and_decoded_matmuls_agree_with_the_dense_weight(rows, dtype):
         torch.testing.assert_close(out.float(), reference, rtol=tolerance, atol=tolerance)
 
 
+def test_without_native_kernels_torch_decodes_before_each_use(monkeypatch):
+    w = _weight(40, 128)
+    resident = UnweightLinear.from_weight(w)  # tuned with kernels, where there are any
+    monkeypatch.setattr("plugins.unweight.resident.resident_kernels", lambda: None)
+    assert torch.equal(_bits(resident.decode()), _bits(w))
+    assert torch.equal(_bits(resident.rows(torch.tensor([1, 39]))), _bits(w[[1, 39]]))
+    x = torch.randn(3, 128)
+    w[1, 3] = 0  # the inf would turn the reference into NaNs
+    out = UnweightLinear.from_weight(w).linear(x)
+    torch.testing.assert_close(out, x @ w.float().T, rtol=1e-5, atol=1e-5)
+
+
 def test_crossover_is_measured_once_and_stored(monkeypatch):
     def fused(x):  # slower than `unfused` past four rows
         time.sleep(0.001 * x.shape[0])
