@@ -26,6 +26,7 @@ from gateway.routes_admin import AdminRoutes
 from gateway.routes_inference import InferenceRoutes
 from gateway.state import GatewayState
 from runtime.errors import EdgefireError
+from runtime.node.heartbeat import HEARTBEAT_PATH
 from runtime.server.errors import InternalErrorMiddleware, handle_error
 
 ACCOUNT = "/client/v4/accounts/{account_id}"
@@ -53,7 +54,7 @@ def create_app(state: GatewayState) -> Starlette:
         Route(f"{gateways}/{{gateway_id}}/logs", admin.list_logs, methods=["GET"]),
         Route(f"{gateways}/{{gateway_id}}/logs", admin.delete_logs, methods=["DELETE"]),
         Route(f"{gateways}/{{gateway_id}}/logs/{{log_id}}", admin.get_log, methods=["GET"]),
-        Route("/internal/nodes/heartbeat", admin.heartbeat, methods=["POST"]),
+        Route(HEARTBEAT_PATH, admin.heartbeat, methods=["POST"]),
         Route("/internal/nodes", admin.nodes, methods=["GET"]),
         Route("/health", admin.health, methods=["GET"]),
     ]

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from models.precision import dense_precision
+
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # HF's "gelu" is the exact erf form, not the tanh approximation
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -153,7 +155,7 @@ class BertEncoder:
         self.config = config
         self.dtype = dtype
         self.weights = weights
-        self.weight_precision = str(dtype).removeprefix("torch.")  # as LlamaForCausalLM names it
+        self.weight_precision = dense_precision([dtype])
         self._act = _ACTIVATIONS[config.hidden_act]
 
     @property

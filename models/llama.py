@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from models.precision import dense_precision
 from models.rotary import RotaryEmbedding
 
 
@@ -127,7 +128,7 @@ class LlamaForCausalLM:
         self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.weight_precision = "+".join(str(d).removeprefix("torch.") for d in dtypes)
+        self.weight_precision = dense_precision(dtypes)
 
     def make_resident(self, to_resident: Callable[[torch.Tensor], ResidentLinear],
                       precision: str, embeddings: bool = False) -> None:

@@ -16,14 +16,12 @@ the `x-edgefire-weight-precision` header (and OpenAI bodies in `system_fingerpri
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
+from models.precision import dense_precision
 from runtime.catalog import ModelSpec
 from runtime.engine.precision import Precision
 from runtime.plugins import load_plugins
-from runtime.weights.warm_cache import dtype_name
 
 PRECISION_HEADER = "x-edgefire-weight-precision"
 
@@ -34,14 +32,9 @@ EMBEDDING_DTYPE = torch.float32
 _PUBLISHED = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
-    """`float32+bfloat16` for (torch.float32, torch.bfloat16)."""
-    return "+".join(dtype_name(d) for d in dtypes)
-
-
 def compute_precision(dtype: str) -> str:
     """The precision dense weights take on a node whose `dtype` setting is `dtype`."""
-    return dtype_names(Precision.parse(dtype).dtypes)
+    return dense_precision(Precision.parse(dtype).dtypes)
 
 
 def stated_precision(spec: ModelSpec, compute: str | None) -> str | None:
@@ -52,7 +45,7 @@ def stated_precision(spec: ModelSpec, compute: str | None) -> str | None:
         published = spec.extra.get("config", {}).get("weight_dtype")
         return _PUBLISHED.get(published, published)
     if spec.task == "text-embeddings":
-        return dtype_names([EMBEDDING_DTYPE])
+        return dense_precision([EMBEDDING_DTYPE])
     codec = load_plugins().codecs.get(spec.codec)()
     # As the loader decides: a codec with a resident form keeps it and names its precision.
     if getattr(codec, "to_resident", None) is not None:

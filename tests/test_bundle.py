@@ -137,6 +137,17 @@ def compressed(from_gguf: LLM, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return out, printed.getvalue()
 
 
+def _load_bundle(bundle: Path, codec: str, tmp_path: Path, monkeypatch) -> LLM:
+    """A catalog entry whose weights are the bundle, loaded in bfloat16 without the GGUF."""
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(json.dumps({"models": [{
+        "id": "@cf/test/smollm2-bundle", "task": "text-generation", "architecture": "llama",
+        "weights": str(bundle), "codec": codec, "context_window": 8192}]}))  # JSON is YAML
+    with monkeypatch.context() as patch:
+        _forbid_gguf(patch)
+        return LLM("@cf/test/smollm2-bundle", dtype="bfloat16", catalog=Catalog.load(catalog))
+
+
 @pytest.mark.slow
 def test_compress_saves_at_least_30_percent(compressed: tuple[Path, str]):
     out, summary = compressed
@@ -148,15 +159,7 @@ def test_compress_saves_at_least_30_percent(compressed: tuple[Path, str]):
 @pytest.mark.slow
 def test_bundle_loads_the_same_model_as_the_gguf(compressed: tuple[Path, str], from_gguf: LLM,
                                                  tmp_path: Path, monkeypatch):
-    out, _ = compressed
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(json.dumps({"models": [{
-        "id": "@cf/test/smollm2-bundle", "task": "text-generation", "architecture": "llama",
-        "weights": str(out), "context_window": 8192}]}))  # JSON is YAML
-    with monkeypatch.context() as patch:
-        _forbid_gguf(patch)
-        from_bundle = LLM("@cf/test/smollm2-bundle", dtype="bfloat16",
-                          catalog=Catalog.load(catalog))
+    from_bundle = _load_bundle(compressed[0], "identity", tmp_path, monkeypatch)
     ids = [from_gguf.tokenizer.encode(p) for p in PROMPTS]
     assert torch.equal(_run_prefill(from_bundle, ids), _run_prefill(from_gguf, ids))
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -168,15 +171,7 @@ def test_bundle_loads_the_same_model_as_the_gguf(compressed: tuple[Path, str], f
 def test_bundle_loads_into_the_resident_form(compressed: tuple[Path, str], from_gguf: LLM,
                                              tmp_path: Path, monkeypatch):
     """Distribution form on disk -> inference form in memory, bit for bit the same weights."""
-    out, _ = compressed
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(json.dumps({"models": [{
-        "id": "@cf/test/smollm2-resident", "task": "text-generation", "architecture": "llama",
-        "weights": str(out), "codec": "unweight", "context_window": 8192}]}))
-    with monkeypatch.context() as patch:
-        _forbid_gguf(patch)
-        resident = LLM("@cf/test/smollm2-resident", dtype="bfloat16",
-                       catalog=Catalog.load(catalog)).engine.runner.model
+    resident = _load_bundle(compressed[0], "unweight", tmp_path, monkeypatch).engine.runner.model
     dense = from_gguf.engine.runner.model.params[torch.bfloat16]
     packed = resident.params[torch.bfloat16]
     assert resident.weight_precision == "bfloat16-unweight"

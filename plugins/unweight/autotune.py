@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.weights.warm_cache import cache_root
+from runtime.weights.warm_cache import cache_root, dtype_name
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _FILE = "unweight-autotune.json"
@@ -55,7 +55,7 @@ def measure_crossover(fused: Callable[[torch.Tensor], object],
 
 def _key(shape: tuple[int, int], dtype: torch.dtype) -> str:
     return (f"{platform.processor() or platform.machine()}/{os.cpu_count()}cpu/"
-            f"{torch.get_num_threads()}threads/{str(dtype).removeprefix('torch.')}/"
+            f"{torch.get_num_threads()}threads/{dtype_name(dtype)}/"
             f"{shape[0]}x{shape[1]}")
 
 

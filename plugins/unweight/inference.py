@@ -73,8 +73,10 @@ def inference_form(tensor: torch.Tensor, row_width: int = ROW_WIDTH) -> Inferenc
     lookup[used] = np.arange(len(used), dtype=np.uint8)
     rows = -(-words.numel() // row_width)
     # Padding repeats the commonest exponent with zero sign+mantissa: never verbatim.
-    pad = torch.full((rows * row_width - words.numel(),), int(palette[0]) << 7, dtype=torch.int16)
-    padded = torch.cat([words, pad]).view(rows, row_width)
+    pad = rows * row_width - words.numel()
+    if pad:
+        words = torch.cat([words, torch.full((pad,), int(palette[0]) << 7, dtype=torch.int16)])
+    padded = words.view(rows, row_width)
     if kernels is not None:
         packed = torch.empty(rows * row_width // 2, dtype=torch.uint8)
         sm = torch.empty(rows * row_width, dtype=torch.uint8)
@@ -82,7 +84,7 @@ def inference_form(tensor: torch.Tensor, row_width: int = ROW_WIDTH) -> Inferenc
     else:
         packed, sm, verbatim = _encode_rows(padded.numpy().view(np.uint16), lookup)
     flags = torch.from_numpy(np.packbits(verbatim.numpy(), bitorder="little"))
-    return Inference(tuple(tensor.shape), words.numel(), row_width, torch.from_numpy(palette),
+    return Inference(tuple(tensor.shape), tensor.numel(), row_width, torch.from_numpy(palette),
                      packed, sm, flags, padded[verbatim].contiguous())
 
 

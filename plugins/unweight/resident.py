@@ -71,7 +71,7 @@ class UnweightLinear:
         n, k = self.shape
         kernels = resident_kernels()
         if kernels is None:
-            return F.linear(rows, decode_inference(self.form).to(rows.dtype))
+            return F.linear(rows, self.decode().to(rows.dtype))
         # Decoding into a reused buffer spares a fresh allocation's page faults every call.
         weight = _scratch(n * k)[:n * k].view(n, k)
         kernels.decode_rows(_ALL_ROWS, *self._args(), k, weight)
