@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -9,11 +10,11 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-import redis.asyncio as aioredis
-
+from gateway.redis_link import RedisGuard, RedisUnavailable, connect
+from gateway.settings import GatewaySettings
 from runtime.errors import InvalidInputError
 
 MIN_CACHE_TTL_S = 60
@@ -46,10 +47,19 @@ class CachedResponse:
         return cls(status=status, headers=headers, body=bytes(data[start + head_len:]))
 
 
-class ResponseCache(Protocol):
-    async def get(self, key: str) -> CachedResponse | None: ...
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    """A request's cache key: the account the entry is charged to, and the digest of everything
+    that identifies the request (which includes the account, see `cache_key`)."""
 
-    async def set(self, key: str, value: CachedResponse, ttl_s: float) -> None: ...
+    account_id: str
+    digest: str
+
+
+class ResponseCache(Protocol):
+    async def get(self, key: CacheKey) -> CachedResponse | None: ...
+
+    async def set(self, key: CacheKey, value: CachedResponse, ttl_s: float) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -59,66 +69,127 @@ def _check_ttl(ttl_s: float) -> None:
         raise ValueError(f"cache TTL must be positive, got {ttl_s}")
 
 
-class MemoryCache:
-    """A per-process cache with TTL expiry, bounded to `max_entries` by evicting the LRU entry.
+# What Python holds per memory entry beyond its bytes (key, tuple, float, dict slot), so the
+# budget bounds memory even when the answers are tiny.
+ENTRY_OVERHEAD_BYTES = 512
 
+
+@dataclass(slots=True)
+class _AccountEntries:
+    entries: OrderedDict[str, tuple[float, bytes]] = field(default_factory=OrderedDict)
+    charged: int = 0  # bytes, overhead included
+
+
+class MemoryCache:
+    """A per-process cache with TTL expiry within a byte budget shared fairly by accounts.
+
+    Answers larger than `max_entry_bytes` serialised are not stored. When the budget is
+    exceeded, the account charged the most bytes gives up its least recently used entry, until
+    the cache fits: an account filling the cache evicts its own entries first and never pushes
+    another account below an equal share, while an account alone may use the whole budget.
     No method awaits, so each runs to completion without interleaving with other tasks.
     """
 
-    def __init__(self, max_entries: int = 10_000,
+    def __init__(self, max_bytes: int = 256 << 20, max_entry_bytes: int = 8 << 20,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
-        self._max_entries = max_entries
+        if not 1 <= max_entry_bytes <= max_bytes - ENTRY_OVERHEAD_BYTES:
+            raise ValueError(f"cache budget {max_bytes} B must hold one entry of "
+                             f"{max_entry_bytes} B plus {ENTRY_OVERHEAD_BYTES} B overhead")
+        self._max_bytes = max_bytes
+        self._max_entry_bytes = max_entry_bytes
         self._clock = clock
         # Entries are stored serialised: callers may mutate what `get` returns (adding a
         # cache-status header, say), and this also keeps the two backends behaving alike.
-        self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._accounts: dict[str, _AccountEntries] = {}
+        self._charged = 0
 
-    async def get(self, key: str) -> CachedResponse | None:
-        entry = self._entries.get(key)
+    @property
+    def charged_bytes(self) -> int:
+        """The bytes held, overhead included; never above the budget after a `set`."""
+        return self._charged
+
+    async def get(self, key: CacheKey) -> CachedResponse | None:
+        account = self._accounts.get(key.account_id)
+        entry = None if account is None else account.entries.get(key.digest)
         if entry is None:
             return None
         expires_at, data = entry
         if self._clock() >= expires_at:
-            del self._entries[key]
+            self._remove(key.account_id, key.digest)
             return None
-        self._entries.move_to_end(key)
+        account.entries.move_to_end(key.digest)
         return CachedResponse.from_bytes(data)
 
-    async def set(self, key: str, value: CachedResponse, ttl_s: float) -> None:
+    async def set(self, key: CacheKey, value: CachedResponse, ttl_s: float) -> None:
         _check_ttl(ttl_s)
-        self._entries[key] = (self._clock() + ttl_s, value.to_bytes())
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        data = value.to_bytes()
+        if len(data) > self._max_entry_bytes:
+            return
+        self._remove(key.account_id, key.digest)
+        account = self._accounts.setdefault(key.account_id, _AccountEntries())
+        account.entries[key.digest] = (self._clock() + ttl_s, data)
+        account.charged += len(data) + ENTRY_OVERHEAD_BYTES
+        self._charged += len(data) + ENTRY_OVERHEAD_BYTES
+        while self._charged > self._max_bytes:
+            account_id, largest = max(self._accounts.items(), key=lambda item: item[1].charged)
+            self._remove(account_id, next(iter(largest.entries)))
+
+    def _remove(self, account_id: str, digest: str) -> None:
+        account = self._accounts.get(account_id)
+        entry = None if account is None else account.entries.pop(digest, None)
+        if entry is None:
+            return
+        cost = len(entry[1]) + ENTRY_OVERHEAD_BYTES
+        account.charged -= cost
+        self._charged -= cost
+        if not account.entries:
+            del self._accounts[account_id]
 
     async def close(self) -> None:
-        self._entries.clear()
+        self._accounts.clear()
+        self._charged = 0
 
 
 class RedisCache:
-    """A cache shared by every gateway process pointed at the same Redis; Redis expires entries."""
+    """A cache shared by every gateway process pointed at the same Redis; Redis expires entries.
 
-    def __init__(self, url: str, prefix: str = "edgefire:cache:") -> None:
-        self._redis = aioredis.from_url(url)
+    A Redis fault reads as a miss and skips the store (see gateway.redis_link), so a dead or
+    silent Redis slows requests by at most a timeout now and then and never fails them.
+    """
+
+    def __init__(self, url: str, prefix: str = "edgefire:cache:", *,
+                 max_entry_bytes: int = 8 << 20, timeout_s: float = 0.5) -> None:
+        self._redis = connect(url, timeout_s)
+        self._guard = RedisGuard("response cache")
         self._prefix = prefix
+        self._max_entry_bytes = max_entry_bytes
 
-    async def get(self, key: str) -> CachedResponse | None:
-        data = await self._redis.get(self._prefix + key)
+    async def get(self, key: CacheKey) -> CachedResponse | None:
+        try:
+            data = await self._guard.run(self._redis.get, self._prefix + key.digest)
+        except RedisUnavailable:
+            return None
         return None if data is None else CachedResponse.from_bytes(data)
 
-    async def set(self, key: str, value: CachedResponse, ttl_s: float) -> None:
+    async def set(self, key: CacheKey, value: CachedResponse, ttl_s: float) -> None:
         _check_ttl(ttl_s)
+        data = value.to_bytes()
+        if len(data) > self._max_entry_bytes:
+            return
         # PX rather than EX so sub-second TTLs are not rounded away to zero (an error in Redis).
-        await self._redis.set(self._prefix + key, value.to_bytes(), px=max(1, round(ttl_s * 1000)))
+        with contextlib.suppress(RedisUnavailable):
+            await self._guard.run(self._redis.set, self._prefix + key.digest, data,
+                                  px=max(1, round(ttl_s * 1000)))
 
     async def close(self) -> None:
         await self._redis.aclose()
 
 
-def make_cache(redis_url: str | None) -> ResponseCache:
-    return RedisCache(redis_url) if redis_url else MemoryCache()
+def make_cache(settings: GatewaySettings) -> ResponseCache:
+    if settings.redis_url:
+        return RedisCache(settings.redis_url, max_entry_bytes=settings.cache_max_entry_bytes,
+                          timeout_s=settings.redis_timeout_s)
+    return MemoryCache(settings.cache_max_bytes, settings.cache_max_entry_bytes)
 
 
 def _digest(parts: Iterable[bytes]) -> str:
@@ -132,7 +203,7 @@ def _digest(parts: Iterable[bytes]) -> str:
 
 
 def cache_key(account_id: str, gateway_id: str, provider: str, path: str, body: bytes,
-              custom_key: str | None = None) -> str:
+              custom_key: str | None = None) -> CacheKey:
     """The cache key of a request: a hex SHA-256 that is always scoped to account and gateway.
 
     A custom key (`cf-aig-cache-key`) stands in for path and body only, so two accounts (or two
@@ -141,8 +212,8 @@ def cache_key(account_id: str, gateway_id: str, provider: str, path: str, body: 
     """
     scope = [b"edgefire-cache-v1", account_id.encode(), gateway_id.encode(), provider.encode()]
     if custom_key is not None:
-        return _digest([*scope, b"custom", custom_key.encode()])
-    return _digest([*scope, b"request", path.encode(), body])
+        return CacheKey(account_id, _digest([*scope, b"custom", custom_key.encode()]))
+    return CacheKey(account_id, _digest([*scope, b"request", path.encode(), body]))
 
 
 @dataclass(slots=True)

@@ -62,6 +62,8 @@ CREATE TABLE IF NOT EXISTS logs (
 -- Listing is always within one gateway, newest first; the filters narrow that same range.
 CREATE INDEX IF NOT EXISTS logs_by_gateway ON logs (account_id, gateway_id, created_at, id);
 CREATE INDEX IF NOT EXISTS logs_by_model ON logs (account_id, gateway_id, model, created_at);
+-- Retention by age deletes the oldest logs of every gateway.
+CREATE INDEX IF NOT EXISTS logs_by_time ON logs (created_at);
 """
 
 Params = Sequence[object]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from gateway.db import Database, iso_time
@@ -14,6 +16,10 @@ from gateway.errors import NotFoundError
 from runtime.errors import InvalidInputError
 
 MAX_PER_PAGE = 100
+# Age pruning runs on a write at most this often, deleting at most a batch at a time, so that
+# neither a busy gateway nor a first prune of a large backlog stalls the event loop for long.
+AGE_PRUNE_INTERVAL_S = 60.0
+AGE_PRUNE_BATCH = 5000
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _RANDOM_BITS = 80
 _id_lock = threading.Lock()
@@ -106,9 +112,30 @@ def _where(account_id: str, gateway_id: str, success: bool | None, cached: bool 
     return " AND ".join(clauses), params
 
 
+@dataclass(frozen=True, slots=True)
+class LogRetention:
+    """How many logs a gateway keeps (the oldest go first) and, if set, how old they may get.
+
+    As AI Gateway's DELETE_OLDEST log management does, a gateway over its limit is pruned in
+    chunks: every `max_per_gateway // 1000` writes (0.1%), so it overshoots by at most that.
+    """
+
+    max_per_gateway: int = 100_000
+    max_age_s: float | None = None
+
+    @property
+    def prune_every(self) -> int:
+        return max(1, self.max_per_gateway // 1000)
+
+
 class LogStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, retention: LogRetention = LogRetention(),
+                 clock: Callable[[], float] = time.time) -> None:
         self.db = db
+        self.retention = retention
+        self._clock = clock
+        self._writes: dict[tuple[str, str], int] = {}  # per gateway, since its last prune
+        self._next_age_prune = -math.inf
 
     def add(self, record: LogRecord) -> None:
         """Store a log; NotFoundError if its gateway no longer exists (deleted mid-request)."""
@@ -122,6 +149,41 @@ class LogStore:
             if "FOREIGN KEY" not in str(exc):
                 raise
             raise NotFoundError(f"no gateway {record.gateway_id!r}", field="gateway_id") from None
+        self._prune_after_write(record.account_id, record.gateway_id)
+
+    def _prune_after_write(self, account_id: str, gateway_id: str) -> None:
+        gateway = (account_id, gateway_id)
+        self._writes[gateway] = self._writes.get(gateway, 0) + 1
+        if self._writes[gateway] >= self.retention.prune_every:
+            self._writes[gateway] = 0
+            self.prune_gateway(account_id, gateway_id)
+        if self.retention.max_age_s is not None and self._clock() >= self._next_age_prune:
+            full_batch = self.prune_old() == AGE_PRUNE_BATCH
+            # A full batch means more are due: the next write prunes again.
+            self._next_age_prune = self._clock() + (0 if full_batch else AGE_PRUNE_INTERVAL_S)
+
+    def prune_gateway(self, account_id: str, gateway_id: str) -> int:
+        """Delete the gateway's logs beyond its newest `max_per_gateway`; how many went."""
+        newest_dropped = self.db.query(
+            "SELECT created_at, id FROM logs WHERE account_id = ? AND gateway_id = ?"
+            " ORDER BY created_at DESC, id DESC LIMIT 1 OFFSET ?",
+            (account_id, gateway_id, self.retention.max_per_gateway))
+        if not newest_dropped:
+            return 0
+        created_at, log_id = newest_dropped[0]
+        return self.db.execute(
+            "DELETE FROM logs WHERE account_id = ? AND gateway_id = ?"
+            " AND (created_at < ? OR (created_at = ? AND id <= ?))",
+            (account_id, gateway_id, created_at, created_at, log_id))
+
+    def prune_old(self) -> int:
+        """Delete up to AGE_PRUNE_BATCH logs older than `max_age_s`, of any gateway."""
+        assert self.retention.max_age_s is not None, "age pruning needs a maximum age"
+        cutoff = self._clock() - self.retention.max_age_s
+        return self.db.execute(
+            "DELETE FROM logs WHERE id IN"
+            " (SELECT id FROM logs WHERE created_at < ? ORDER BY created_at LIMIT ?)",
+            (cutoff, AGE_PRUNE_BATCH))
 
     def get(self, account_id: str, gateway_id: str, log_id: str) -> LogRecord | None:
         rows = self.db.query(

@@ -8,11 +8,24 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
-import redis.asyncio as aioredis
+from gateway.redis_link import RedisGuard, RedisUnavailable, connect
+from gateway.settings import GatewaySettings
+from runtime.errors import EdgefireError
 
 TECHNIQUES = ("fixed", "sliding")
+
+
+class RateLimitUnavailableError(EdgefireError):
+    """Rate limits are failing closed and their store (Redis) cannot be reached.
+
+    503, not 429: the caller did not exceed anything and may retry; 2003 is the code of the
+    gateway's rate limit, which this is about.
+    """
+
+    code = 2003
+    status = 503
 
 
 @dataclass(slots=True)
@@ -118,30 +131,46 @@ class RedisRateLimiter:
     """Limits shared by every gateway process on one Redis; each hit is one atomic Lua script.
 
     Times come from `clock` (the client's), not Redis's, so all processes must share a clock
-    (true on one host; NTP-close across hosts) and tests can drive it.
+    (true on one host; NTP-close across hosts) and tests can drive it. While Redis fails
+    (see gateway.redis_link), `on_error` decides: "open" allows every hit, "closed" raises
+    RateLimitUnavailableError.
     """
 
     def __init__(self, url: str, prefix: str = "edgefire:rl:",
-                 clock: Callable[[], float] = time.time) -> None:
-        self._redis = aioredis.from_url(url)
+                 clock: Callable[[], float] = time.time, *,
+                 on_error: Literal["open", "closed"] = "open", timeout_s: float = 0.5) -> None:
+        self._redis = connect(url, timeout_s)
+        self._guard = RedisGuard("rate limiter")
         self._prefix = prefix
         self._clock = clock
+        self._on_error = on_error
         self._fixed = self._redis.register_script(_FIXED_LUA)
         self._sliding = self._redis.register_script(_SLIDING_LUA)
 
     async def hit(self, key: str, limit: int, interval_s: int, technique: str) -> RateDecision:
         _check(limit, interval_s, technique)
+        try:
+            return await self._hit(key, limit, interval_s, technique)
+        except RedisUnavailable:
+            if self._on_error == "closed":
+                raise RateLimitUnavailableError(
+                    "Rate limit cannot be checked right now (its store is unavailable) and "
+                    "this gateway refuses requests it cannot count; retry shortly") from None
+            # The count is unknown; the hit is let through as if the window were empty.
+            return RateDecision(True, limit, limit, 0.0)
+
+    async def _hit(self, key: str, limit: int, interval_s: int, technique: str) -> RateDecision:
         now = self._clock()
         if technique == "fixed":
             window = math.floor(now / interval_s)
             window_end = (window + 1) * interval_s
-            count = await self._fixed(
-                keys=[f"{self._prefix}fixed:{key}:{interval_s}:{window}"],
+            count = await self._guard.run(
+                self._fixed, keys=[f"{self._prefix}fixed:{key}:{interval_s}:{window}"],
                 args=[max(1, math.ceil((window_end - now) * 1000))])
             return _fixed_decision(int(count), limit, now, window_end)
 
-        allowed, count, blocker = await self._sliding(
-            keys=[f"{self._prefix}sliding:{key}"],
+        allowed, count, blocker = await self._guard.run(
+            self._sliding, keys=[f"{self._prefix}sliding:{key}"],
             args=[repr(now), repr(now - interval_s), limit, uuid.uuid4().hex,
                   interval_s * 1000])
         if allowed:
@@ -152,5 +181,8 @@ class RedisRateLimiter:
         await self._redis.aclose()
 
 
-def make_rate_limiter(redis_url: str | None) -> RateLimiter:
-    return RedisRateLimiter(redis_url) if redis_url else MemoryRateLimiter()
+def make_rate_limiter(settings: GatewaySettings) -> RateLimiter:
+    if settings.redis_url:
+        return RedisRateLimiter(settings.redis_url, on_error=settings.rate_limit_on_redis_error,
+                                timeout_s=settings.redis_timeout_s)
+    return MemoryRateLimiter()

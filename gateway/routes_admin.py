@@ -100,7 +100,9 @@ class AdminRoutes:
 
     async def health(self, request: Request) -> Response:
         healthy = self.state.directory.healthy()
-        return JSONResponse({"status": "ok", "healthy_nodes": [n.city for n in healthy]})
+        redis = self.state.redis_health
+        return JSONResponse({"status": "ok", "healthy_nodes": [n.city for n in healthy],
+                             "redis": await redis.state() if redis else "disabled"})
 
 
 def _int(query, name: str, default: int) -> int:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -16,6 +18,17 @@ class GatewaySettings(BaseSettings):
     gateway_db: Path = Path(".edgefire") / "gateway.db"
     gateway_config: Path | None = None  # gateway.yaml: providers, IP → city map
     redis_url: str | None = None  # shared cache and rate limits when set
+    # Bounds Redis's connect and each reply, so a dead or silent Redis costs little per request.
+    redis_timeout_s: float = Field(0.5, gt=0)
+    # While Redis fails, "open" lets requests through unlimited; "closed" answers 503 (2003).
+    rate_limit_on_redis_error: Literal["open", "closed"] = "open"
+    # The in-memory response cache's byte budget, shared fairly between accounts; answers over
+    # the entry cap are never cached (in Redis either).
+    cache_max_bytes: int = Field(256 << 20, ge=1)
+    cache_max_entry_bytes: int = Field(8 << 20, ge=1)
+    # Logs kept per gateway (the oldest go first) and, when set, their maximum age.
+    log_max_per_gateway: int = Field(100_000, ge=1)
+    log_retention_days: float | None = Field(None, gt=0)
     node_secret: str | None = None  # sent to nodes; nodes' heartbeats must carry it
     heartbeat_timeout_s: float = 6.0
     max_request_bytes: int = 1 << 20

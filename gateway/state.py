@@ -11,10 +11,11 @@ from gateway.auth import Authenticator
 from gateway.cache import make_cache
 from gateway.db import Database
 from gateway.gateways import GatewayStore
-from gateway.logs import LogStore
+from gateway.logs import LogRetention, LogStore
 from gateway.pipeline import Pipeline
 from gateway.providers.base import Provider, ProviderContext
 from gateway.ratelimit import make_rate_limiter
+from gateway.redis_link import RedisHealth
 from gateway.routing.directory import NodeDirectory
 from gateway.routing.geo import ClientLocator
 from gateway.settings import GatewaySettings, load_gateway_yaml
@@ -37,6 +38,7 @@ class GatewayState:
     providers: dict[str, Provider]
     pipeline: Pipeline
     http: httpx.AsyncClient
+    redis_health: RedisHealth | None  # None: no Redis configured
 
     @classmethod
     def build(cls, settings: GatewaySettings, db: Database | None = None) -> GatewayState:
@@ -44,21 +46,32 @@ class GatewayState:
         if db is None:
             settings.gateway_db.parent.mkdir(parents=True, exist_ok=True)
             db = Database(settings.gateway_db)
-        accounts, gateways, logs = AccountStore(db), GatewayStore(db), LogStore(db)
+        accounts, gateways = AccountStore(db), GatewayStore(db)
+        logs = LogStore(db, _retention(settings))
         config = load_gateway_yaml(settings.gateway_config)
         directory = NodeDirectory(heartbeat_timeout_s=settings.heartbeat_timeout_s)
         cities = {c.code: (c.lat, c.lon) for c in all_cities()}
         http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
         providers = _providers(catalog, http, directory, settings, config["providers"])
-        pipeline = Pipeline(providers, make_cache(settings.redis_url),
-                            make_rate_limiter(settings.redis_url), logs, catalog)
+        pipeline = Pipeline(providers, make_cache(settings), make_rate_limiter(settings), logs,
+                            catalog)
+        redis_health = (RedisHealth(settings.redis_url, settings.redis_timeout_s)
+                        if settings.redis_url else None)
         return cls(settings, catalog, db, accounts, gateways, logs, Authenticator(accounts),
-                   directory, ClientLocator(config["ip_map"], cities), providers, pipeline, http)
+                   directory, ClientLocator(config["ip_map"], cities), providers, pipeline, http,
+                   redis_health)
 
     async def close(self) -> None:
         await self.http.aclose()
         await self.pipeline.cache.close()
         await self.pipeline.limiter.close()
+        if self.redis_health is not None:
+            await self.redis_health.close()
+
+
+def _retention(settings: GatewaySettings) -> LogRetention:
+    days = settings.log_retention_days
+    return LogRetention(settings.log_max_per_gateway, None if days is None else days * 86400)
 
 
 def _providers(catalog: Catalog, http: httpx.AsyncClient, directory: NodeDirectory,

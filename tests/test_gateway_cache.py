@@ -9,9 +9,11 @@ import redis
 
 from gateway.cache import (
     DEFAULT_CUSTOM_KEY_TTL_S,
+    ENTRY_OVERHEAD_BYTES,
     MAX_CACHE_TTL_S,
     MIN_CACHE_TTL_S,
     CachedResponse,
+    CacheKey,
     CachePolicy,
     MemoryCache,
     RedisCache,
@@ -19,11 +21,23 @@ from gateway.cache import (
     make_cache,
     parse_cache_headers,
 )
+from gateway.settings import GatewaySettings
 from runtime.errors import InvalidInputError
 from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 RESPONSE = CachedResponse(200, {"content-type": "application/json", "x-ü": "ünïcode"},
                           b'{"result":{"response":"hi"}}\x00\xff')
+K = CacheKey("acct", "k")
+
+
+def _key(name: str, account_id: str = "acct") -> CacheKey:
+    return CacheKey(account_id, name)
+
+
+def _sized(n: int) -> CachedResponse:
+    """A response that serialises to exactly n bytes."""
+    overhead = len(CachedResponse(200, {}, b"").to_bytes())
+    return CachedResponse(200, {}, b"x" * (n - overhead))
 
 
 def test_cached_response_round_trips() -> None:
@@ -37,13 +51,15 @@ def test_memory_cache_get_set_and_ttl_expiry() -> None:
     cache = MemoryCache(clock=clock)
 
     async def main() -> None:
-        assert await cache.get("k") is None
-        await cache.set("k", RESPONSE, ttl_s=60)
-        assert await cache.get("k") == RESPONSE
+        assert await cache.get(K) is None
+        await cache.set(K, RESPONSE, ttl_s=60)
+        assert await cache.get(K) == RESPONSE
+        assert await cache.get(CacheKey("other", "k")) is None
         clock.now += 59.9
-        assert await cache.get("k") == RESPONSE
+        assert await cache.get(K) == RESPONSE
         clock.now += 0.1
-        assert await cache.get("k") is None
+        assert await cache.get(K) is None
+        assert cache.charged_bytes == 0
 
     asyncio.run(main())
 
@@ -52,38 +68,87 @@ def test_memory_cache_returns_copies() -> None:
     cache = MemoryCache()
 
     async def main() -> None:
-        await cache.set("k", RESPONSE, ttl_s=60)
-        hit = await cache.get("k")
+        await cache.set(K, RESPONSE, ttl_s=60)
+        hit = await cache.get(K)
         hit.headers["cf-aig-cache-status"] = "HIT"
-        assert await cache.get("k") == RESPONSE
+        assert await cache.get(K) == RESPONSE
 
     asyncio.run(main())
 
 
-def test_memory_cache_evicts_least_recently_used() -> None:
-    cache = MemoryCache(max_entries=3)
+def test_memory_cache_evicts_least_recently_used_within_its_byte_budget() -> None:
+    entry = 1000 + ENTRY_OVERHEAD_BYTES
+    cache = MemoryCache(max_bytes=3 * entry, max_entry_bytes=3 * entry - ENTRY_OVERHEAD_BYTES)
 
     async def main() -> None:
-        for key in "abc":
-            await cache.set(key, RESPONSE, ttl_s=60)
-        assert await cache.get("a") is not None  # "b" is now least recently used
-        await cache.set("d", RESPONSE, ttl_s=60)
-        assert await cache.get("b") is None
-        for key in "acd":
-            assert await cache.get(key) is not None
+        for name in "abc":
+            await cache.set(_key(name), _sized(1000), ttl_s=60)
+        assert cache.charged_bytes == 3 * entry
+        assert await cache.get(_key("a")) is not None  # "b" is now least recently used
+        await cache.set(_key("d"), _sized(1000), ttl_s=60)
+        assert await cache.get(_key("b")) is None
+        for name in "acd":
+            assert await cache.get(_key(name)) is not None
+        await cache.set(_key("a"), _sized(1000), ttl_s=60)  # a replacement is charged once
+        assert cache.charged_bytes == 3 * entry
+        # A bigger entry evicts as many as it needs.
+        await cache.set(_key("big"), _sized(3 * entry - ENTRY_OVERHEAD_BYTES), ttl_s=60)
+        assert [await cache.get(_key(n)) is not None for n in "acd"] == [False] * 3
+
+    asyncio.run(main())
+    with pytest.raises(ValueError):
+        MemoryCache(max_bytes=1000, max_entry_bytes=1000)  # one entry could never fit
+
+
+def test_memory_cache_does_not_store_answers_over_the_entry_cap() -> None:
+    cache = MemoryCache(max_bytes=1 << 20, max_entry_bytes=4096)
+
+    async def main() -> None:
+        await cache.set(_key("small"), _sized(4096), ttl_s=60)
+        await cache.set(_key("big"), _sized(4097), ttl_s=60)
+        assert await cache.get(_key("small")) is not None
+        assert await cache.get(_key("big")) is None
+        assert cache.charged_bytes == 4096 + ENTRY_OVERHEAD_BYTES
+
+    asyncio.run(main())
+
+
+def test_memory_cache_one_account_cannot_evict_the_others() -> None:
+    entry = 1000 + ENTRY_OVERHEAD_BYTES
+    cache = MemoryCache(max_bytes=10 * entry, max_entry_bytes=1000)
+
+    async def main() -> None:
+        for i in range(3):
+            await cache.set(_key(f"b{i}", "b"), _sized(1000), ttl_s=60)
+        for i in range(2):
+            await cache.set(_key(f"c{i}", "c"), _sized(1000), ttl_s=60)
+        # Account a floods the cache: it evicts only its own entries...
+        for i in range(100):
+            await cache.set(_key(f"a{i}", "a"), _sized(1000), ttl_s=60)
+        assert cache.charged_bytes == 10 * entry
+        for key in [_key(f"b{i}", "b") for i in range(3)] + [_key(f"c{i}", "c") for i in range(2)]:
+            assert await cache.get(key) is not None, key
+        # ...least recently used first, keeping its newest five.
+        assert [await cache.get(_key(f"a{i}", "a")) is not None for i in range(94, 100)] == \
+            [False] + [True] * 5
+        # The account holding the most gives way to one holding less.
+        await cache.set(_key("b3", "b"), _sized(1000), ttl_s=60)
+        held = {name: sum([await cache.get(_key(f"{name}{i}", name)) is not None
+                           for i in range(100)]) for name in "abc"}
+        assert held == {"a": 4, "b": 4, "c": 2}
 
     asyncio.run(main())
 
 
 def test_cache_rejects_non_positive_ttl() -> None:
     with pytest.raises(ValueError):
-        asyncio.run(MemoryCache().set("k", RESPONSE, ttl_s=0))
+        asyncio.run(MemoryCache().set(K, RESPONSE, ttl_s=0))
 
 
 def test_cache_key_scoping() -> None:
     base = ("acct-a", "gw", "workers-ai", "@cf/meta/llama-3.1-8b-instruct", b'{"prompt":"hi"}')
     assert cache_key(*base) == cache_key(*base)
-    assert len(cache_key(*base)) == 64
+    assert cache_key(*base).account_id == "acct-a" and len(cache_key(*base).digest) == 64
     assert cache_key(*base) != cache_key(*base[:4], b'{"prompt":"ho"}')
     assert cache_key(*base) != cache_key("acct-b", *base[1:])
     assert cache_key(*base) != cache_key("acct-a", "gw2", *base[2:])
@@ -98,8 +163,8 @@ def test_cache_key_scoping() -> None:
 
 
 def test_make_cache_picks_backend() -> None:
-    assert isinstance(make_cache(None), MemoryCache)
-    cache = make_cache(REDIS_URL)  # connects lazily, so this needs no server
+    assert isinstance(make_cache(GatewaySettings(redis_url=None)), MemoryCache)
+    cache = make_cache(GatewaySettings(redis_url=REDIS_URL))  # connects lazily: needs no server
     assert isinstance(cache, RedisCache)
     asyncio.run(cache.close())
 
@@ -149,14 +214,14 @@ def test_redis_cache_get_set_and_expiry(redis_prefix: str) -> None:
     async def main() -> None:
         cache = RedisCache(REDIS_URL, prefix=redis_prefix)
         try:
-            assert await cache.get("k") is None
-            await cache.set("k", RESPONSE, ttl_s=60)
-            await cache.set("short", RESPONSE, ttl_s=0.2)
-            assert await cache.get("k") == RESPONSE
-            assert await cache.get("short") == RESPONSE
+            assert await cache.get(K) is None
+            await cache.set(K, RESPONSE, ttl_s=60)
+            await cache.set(_key("short"), RESPONSE, ttl_s=0.2)
+            assert await cache.get(K) == RESPONSE
+            assert await cache.get(_key("short")) == RESPONSE
             await asyncio.sleep(0.4)
-            assert await cache.get("short") is None
-            assert await cache.get("k") == RESPONSE
+            assert await cache.get(_key("short")) is None
+            assert await cache.get(K) == RESPONSE
         finally:
             await cache.close()
 
@@ -185,3 +250,20 @@ def test_redis_cache_is_shared_between_processes(redis_prefix: str) -> None:
             await second.close()
 
     asyncio.run(main())
+
+
+@needs_redis
+def test_redis_cache_does_not_store_answers_over_the_entry_cap(redis_prefix: str) -> None:
+    async def main() -> None:
+        cache = RedisCache(REDIS_URL, prefix=redis_prefix, max_entry_bytes=4096)
+        try:
+            await cache.set(_key("small"), _sized(4096), ttl_s=60)
+            await cache.set(_key("big"), _sized(4097), ttl_s=60)
+            assert await cache.get(_key("small")) is not None
+            assert await cache.get(_key("big")) is None
+        finally:
+            await cache.close()
+
+    asyncio.run(main())
+    with redis.Redis.from_url(REDIS_URL) as client:
+        assert client.exists(redis_prefix + "big") == 0

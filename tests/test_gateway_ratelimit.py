@@ -14,6 +14,7 @@ from gateway.ratelimit import (
     RedisRateLimiter,
     make_rate_limiter,
 )
+from gateway.settings import GatewaySettings
 from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 Factory = Callable[[FakeClock], RateLimiter]
@@ -189,7 +190,8 @@ def test_invalid_arguments_are_rejected() -> None:
 
 
 def test_make_rate_limiter_picks_backend() -> None:
-    assert isinstance(make_rate_limiter(None), MemoryRateLimiter)
-    limiter = make_rate_limiter(REDIS_URL)  # connects lazily, so this needs no server
+    assert isinstance(make_rate_limiter(GatewaySettings(redis_url=None)), MemoryRateLimiter)
+    # Connects lazily, so this needs no server.
+    limiter = make_rate_limiter(GatewaySettings(redis_url=REDIS_URL))
     assert isinstance(limiter, RedisRateLimiter)
     asyncio.run(limiter.close())

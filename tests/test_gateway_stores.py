@@ -11,15 +11,17 @@ from contextlib import closing
 
 import pytest
 
+from gateway import logs as logs_module
 from gateway.accounts import AccountStore
 from gateway.cli_accounts import add_account_commands
 from gateway.db import Database
 from gateway.errors import ConflictError, NotFoundError
 from gateway.gateways import GatewayStore
-from gateway.logs import LogRecord, LogStore, new_log_id
+from gateway.logs import LogRecord, LogRetention, LogStore, new_log_id
 from gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
 from runtime.catalog import Catalog
 from runtime.errors import InvalidInputError
+from tests.redis_support import FakeClock
 
 
 @pytest.fixture
@@ -262,6 +264,61 @@ def test_logs_delete_isolation_and_cascade(db, two_accounts):
         logs.add(_log(alice, gateway="other"))
     with pytest.raises(sqlite3.IntegrityError):
         logs.add(_log(bob, id=logs.list(bob, "gw")[0][0].id))
+
+
+def test_logs_keep_the_newest_per_gateway_pruned_in_batches(db, two_accounts):
+    alice, bob = two_accounts
+    gateways = GatewayStore(db)
+    for account, gateway in ((alice, "gw"), (alice, "other"), (bob, "gw")):
+        gateways.create(account, {"id": gateway})
+    logs = LogStore(db, LogRetention(max_per_gateway=3000))
+    assert logs.retention.prune_every == 3
+    # Pairs of logs share a timestamp, so the cut also orders by id.
+    records = [_log(alice, created_at=1000.0 + i // 2) for i in range(3002)]
+    for record in records:
+        logs.add(record)
+    for account, gateway in ((alice, "other"), (bob, "gw")):
+        for _ in range(5):
+            logs.add(_log(account, gateway=gateway))
+    assert logs.list(alice, "gw")[1] == 3002  # 3002 writes: not yet a batch of 3 since 3000
+    logs.add(last := _log(alice, created_at=5000.0))
+    page, total = logs.list(alice, "gw", per_page=100, order_desc=False)
+    assert total == 3000
+    assert [r.id for r in page] == [r.id for r in records[3:103]]  # the oldest three went
+    assert logs.get(alice, "gw", last.id) is not None
+    assert logs.list(alice, "other")[1] == 5 and logs.list(bob, "gw")[1] == 5
+
+
+def test_logs_older_than_the_retention_are_pruned(db, two_accounts, monkeypatch):
+    alice, bob = two_accounts
+    gateways = GatewayStore(db)
+    for account in (alice, bob):
+        gateways.create(account, {"id": "gw"})
+    clock = FakeClock(100_000.0)
+    plain, logs = LogStore(db), LogStore(db, LogRetention(max_age_s=3600), clock=clock)
+    monkeypatch.setattr(logs_module, "AGE_PRUNE_BATCH", 2)
+    for account in (alice, alice, bob, bob, bob):
+        plain.add(_log(account, created_at=clock.now - 3601))
+    kept = _log(bob, created_at=clock.now - 3599)
+    plain.add(kept)
+
+    def remaining() -> int:
+        return logs.list(alice, "gw")[1] + logs.list(bob, "gw")[1]
+
+    # The backlog goes a batch per write, whichever gateway the write is for (each write
+    # adds one fresh log; five old ones go in batches of 2, 2, 1).
+    for expected in (5, 4, 4):
+        logs.add(_log(alice, created_at=clock.now))
+        assert remaining() == expected
+    assert logs.get(bob, "gw", kept.id) is not None
+    # Then the next prune waits a minute.
+    plain.add(_log(alice, created_at=clock.now - 7200))
+    clock.now += 59
+    logs.add(_log(alice, created_at=clock.now))
+    assert remaining() == 6
+    clock.now += 1
+    logs.add(_log(alice, created_at=clock.now))
+    assert remaining() == 5 and logs.get(bob, "gw", kept.id) is None  # now over an hour old
 
 
 def test_concurrent_writers_share_one_database(tmp_path):
