@@ -52,7 +52,7 @@ class InferenceRoutes:
     async def _workers_ai(self, request: Request, path: str, request_type: str) -> Response:
         account_id = self._account(request)
         gateway_id = request.headers.get("cf-aig-gateway-id")
-        gateway = self._gateway(account_id, gateway_id) if gateway_id else None
+        gateway = self._authorized(request, account_id, gateway_id) if gateway_id else None
         body = await read_body(request, self.state.settings.max_request_bytes)
         step = self._step(request, account_id, WORKERS_AI, path, body, request.headers)
         return await self._handle(account_id, gateway, request, request_type, [step])
@@ -127,10 +127,16 @@ class InferenceRoutes:
 
     def _gateway_of(self, request: Request) -> tuple[str, GatewayConfig]:
         account_id = self._account(request)  # before the gateway: nothing is created unasked
-        gateway = self._gateway(account_id, request.path_params["gateway_id"])
+        return account_id, self._authorized(request, account_id,
+                                            request.path_params["gateway_id"])
+
+    def _authorized(self, request: Request, account_id: str, gateway_id: str) -> GatewayConfig:
+        """The gateway, once its own authentication (cf-aig-authorization) passes, whichever
+        route (AI Gateway URL or Workers AI REST with cf-aig-gateway-id) names it."""
+        gateway = self._gateway(account_id, gateway_id)
         if gateway.authentication:
             self.state.auth.check(request.headers, account_id, gateway)
-        return account_id, gateway
+        return gateway
 
     def _gateway(self, account_id: str, gateway_id: str) -> GatewayConfig:
         if gateway_id == "default":
