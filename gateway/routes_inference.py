@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.disconnect import unless_client_leaves
 from gateway.errors import NotFoundError
 from gateway.gateways import GatewayConfig
-from gateway.pipeline import GatewayRequest, Step
+from gateway.pipeline import MAX_STEPS, GatewayRequest, Step
 from gateway.providers.base import UpstreamRequest
 from gateway.retries import RetryPolicy
 from gateway.state import GatewayState
@@ -82,9 +83,9 @@ class InferenceRoutes:
         account_id, gateway = self._gateway_of(request)
         raw = await read_body(request, self.state.settings.max_request_bytes)
         entries = parse_json(raw, list)
-        if not entries:
-            raise InvalidInputError("the universal endpoint takes a non-empty array of steps",
-                                    field="body")
+        if not 1 <= len(entries) <= MAX_STEPS:
+            raise InvalidInputError("the universal endpoint takes an array of 1 to "
+                                    f"{MAX_STEPS} steps", field="body")
         steps = [self._universal_step(request, account_id, i, e) for i, e in enumerate(entries)]
         return await self._handle(account_id, gateway, request, "Universal", steps, True)
 
@@ -118,7 +119,7 @@ class InferenceRoutes:
                       request_type: str, steps: list[Step], universal: bool = False) -> Response:
         call = GatewayRequest(account_id, gateway, request.url.path, request_type, steps,
                               universal)
-        return await self.state.pipeline.handle(call)
+        return await unless_client_leaves(request.receive, self.state.pipeline.handle(call))
 
     def _account(self, request: Request) -> str:
         account_id = request.path_params["account_id"]
