@@ -46,6 +46,7 @@ ANSWER = {"result": {"response": "hi", "usage": USAGE}, "success": True, "errors
 _ANSWER_BYTES = json.dumps(ANSWER).encode()
 BODY = json.dumps({"prompt": "Say hi", "max_tokens": 4}).encode()
 TARGET_ADDED_P50_MS = 2.0
+NODE_SECRET = "bench-node-secret"  # `edge-gateway start` refuses to run without one
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -131,7 +132,8 @@ def _wait_healthy(proc: subprocess.Popen, url: str, errors) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
+            # The gateway answers 503 "no_nodes" until the bench registers its node: it is up.
+            if httpx.get(url, timeout=1).status_code in (200, 503):
                 return
         time.sleep(0.1)
     errors.seek(0)
@@ -191,7 +193,8 @@ def load_run(url: str, headers: dict[str, str], server: psutil.Process,
 
 def measure(node: str, gateway: str, account_id: str, token: str, args: argparse.Namespace,
             processes: dict[str, psutil.Process]) -> dict:
-    httpx.post(f"{gateway}/internal/nodes/heartbeat", json=heartbeat(node)).raise_for_status()
+    httpx.post(f"{gateway}/internal/nodes/heartbeat", json=heartbeat(node),
+               headers={"x-edgefire-node-secret": NODE_SECRET}).raise_for_status()
     rest = f"/client/v4/accounts/{account_id}/ai/run/{MODEL}"
     aig = f"/v1/{account_id}/default/workers-ai/{MODEL}"
     json_body = {"content-type": "application/json"}
@@ -261,10 +264,11 @@ def main() -> None:
             accounts = AccountStore(db)
             account_id = accounts.create_account("bench").id
             _, token = accounts.create_token(account_id)
-        # A clean environment: a memory cache, no node secret, and a node heartbeat that
-        # stays fresh for the whole run.
+        # A clean environment: a memory cache, the bench's node secret (the stand-in node
+        # does not check it), and a node heartbeat that stays fresh for the whole run.
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEFIRE_")}
         env |= {"EDGEFIRE_GATEWAY_DB": str(db_path), "EDGEFIRE_HEARTBEAT_TIMEOUT_S": "86400",
+                "EDGEFIRE_NODE_SECRET": NODE_SECRET,
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
         node_port, gateway_port = free_port(), free_port()
         log(f"fake node on :{node_port}, gateway on :{gateway_port}")

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -37,6 +38,20 @@ _GATEWAY_HEADERS = {
 }
 _RETRY_HEADERS = {"maxAttempts": "cf-aig-max-attempts", "retryDelayMs": "cf-aig-retry-delay",
                   "backoff": "cf-aig-backoff"}
+
+
+def _segment(value: str) -> str:
+    """value as one URL path segment: every reserved character escaped, and a dot segment
+    ('.' or '..', which clients and servers collapse) spelt with escaped dots."""
+    if value in (".", ".."):
+        return "%2E" * len(value)
+    return quote(value, safe="@")
+
+
+def _model_path(model: str) -> str:
+    """A model id as the gateway's `{model:path}` routes expect it: `@cf/meta/x` keeps its
+    slashes; anything else in it (?, #, spaces, dot segments) arrives as written."""
+    return "/".join(_segment(part) for part in model.split("/"))
 
 
 def _header_value(value: object) -> str:
@@ -90,7 +105,7 @@ class AI:
 
     @property
     def account_url(self) -> str:
-        return f"{self.base_url}/client/v4/accounts/{self.account_id}"
+        return f"{self.base_url}/client/v4/accounts/{_segment(self.account_id)}"
 
     async def run(self, model: str, inputs: dict, options: dict | None = None) -> Any:
         """The parsed `result`; for `stream: true` inputs, an async iterator of SSE events
@@ -101,9 +116,9 @@ class AI:
         gateway = options.get("gateway")
         headers = dict(self._auth)
         if gateway is None:
-            url = f"{self.account_url}/ai/run/{model}"
+            url = f"{self.account_url}/ai/run/{_model_path(model)}"
         else:
-            url = f"{self.gateway(gateway['id']).get_url('workers-ai')}/{model}"
+            url = f"{self.gateway(gateway['id']).get_url('workers-ai')}/{_model_path(model)}"
             # Binding calls are pre-authenticated, so they pass gateways that require auth.
             headers["cf-aig-authorization"] = headers["authorization"]
             headers |= gateway_headers(gateway)
@@ -156,13 +171,14 @@ class Gateway:
     def get_url(self, provider: str | None = None) -> str:
         """The gateway's base URL, or a provider's under it. Unlike Cloudflare's, the universal
         URL has no trailing slash: the emulator's route does not take one."""
-        url = f"{self.ai.base_url}/v1/{self.ai.account_id}/{self.id}"
-        return f"{url}/{provider}" if provider else url
+        url = f"{self.ai.base_url}/v1/{_segment(self.ai.account_id)}/{_segment(self.id)}"
+        return f"{url}/{_segment(provider)}" if provider else url
 
     async def get_log(self, log_id: str) -> dict:
         """A log, its `metadata` an object as the binding's AiGatewayLog has it (REST sends a
         JSON string); AiGatewayLogNotFound when there is no such log."""
-        log = await self.ai._get(f"/ai-gateway/gateways/{self.id}/logs/{log_id}",
+        log = await self.ai._get(f"/ai-gateway/gateways/{_segment(self.id)}/logs/"
+                                 f"{_segment(log_id)}",
                                  AiGatewayInternalError, not_found=AiGatewayLogNotFound)
         if isinstance(log.get("metadata"), str):
             log["metadata"] = json.loads(log["metadata"])

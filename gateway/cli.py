@@ -17,10 +17,13 @@ def _start(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.node_auth import require_configured
     from gateway.state import GatewayState
 
     settings = _settings(args)
-    app = create_app(GatewayState.build(settings))
+    state = GatewayState.build(settings)
+    require_configured(state.node_credentials)  # else anyone could register a node
+    app = create_app(state)
     uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port, log_level="info")
     return 0
 

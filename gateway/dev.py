@@ -1,11 +1,15 @@
 """`edge-gateway dev` (what `make run` starts): a gateway, its edge nodes, a dev account.
 
-The development account and its API token are created on the first run and kept in
-.edgefire/dev.json (git-ignored), so the README's examples work as written on every run.
+The development account, its API token and an admin token (for /internal/nodes) are created
+on the first run and kept in .edgefire/dev.json (git-ignored), so the README's examples work
+as written on every run. The banner is printed once every node has registered and is ready,
+so that a request copied from it is served rather than answered "no node"; a request that
+arrives before that is held (settings.startup_hold_s) until the first node is ready.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -13,26 +17,52 @@ import subprocess
 import sys
 from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.accounts import AccountStore
 from gateway.db import Database
+from gateway.routing.directory import NodeDirectory
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    import uvicorn
+
+DEV_STARTUP_HOLD_S = 10.0  # a node process needs a few seconds to import torch and beat
+_POLL_S = 0.1
+
+
+class NodeExitedError(RuntimeError):
+    """A dev node process ended before it became ready."""
 
 
 def ensure_dev_account(db: Database, dev_file: Path) -> dict:
-    """The {account_id, token} in dev_file if the token still works, else a new pair."""
+    """The {account_id, token, admin_token} in dev_file if the token still works, else new
+    ones; an admin token is added to a file from before there was one."""
     store = AccountStore(db)
-    if dev_file.is_file():
-        saved = json.loads(dev_file.read_text())
-        if store.authenticate(saved.get("token", "")) == saved.get("account_id"):
+    saved = json.loads(dev_file.read_text()) if dev_file.is_file() else {}
+    if saved and store.authenticate(saved.get("token", "")) == saved.get("account_id"):
+        if saved.get("admin_token"):
             return saved
-    account = store.create_account("development")
-    _, token = store.create_token(account.id, "make run")
-    saved = {"account_id": account.id, "token": token}
+    else:
+        account = store.create_account("development")
+        _, token = store.create_token(account.id, "make run")
+        saved = {"account_id": account.id, "token": token}
+    saved["admin_token"] = saved.get("admin_token") or secrets.token_urlsafe(24)
     dev_file.parent.mkdir(parents=True, exist_ok=True)
     dev_file.write_text(json.dumps(saved, indent=2) + "\n")
     dev_file.chmod(0o600)
     return saved
+
+
+async def wait_for_fleet(directory: NodeDirectory, processes: dict[str, subprocess.Popen],
+                         poll_s: float = _POLL_S) -> None:
+    """Return once every city in processes is routable; NodeExitedError if one exits first."""
+    while not set(processes) <= {n.city for n in directory.healthy()}:
+        for city, process in processes.items():
+            if process.poll() is not None:
+                raise NodeExitedError(f"edge node {city} exited with code {process.returncode} "
+                                      "before it was ready")
+        await asyncio.sleep(poll_s)
 
 
 def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file: Path) -> int:
@@ -46,19 +76,49 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
         dev = ensure_dev_account(db, dev_file)
     if not settings.node_secret:
         settings.node_secret = secrets.token_urlsafe(24)  # gateway and its nodes share it
+    settings.admin_token = settings.admin_token or dev["admin_token"]
+    if "startup_hold_s" not in settings.model_fields_set:
+        settings.startup_hold_s = DEV_STARTUP_HOLD_S
     base = f"http://{settings.gateway_host}:{settings.gateway_port}"
     env = {**os.environ, "EDGEFIRE_GATEWAY_URL": base, "EDGEFIRE_NODE_SECRET": settings.node_secret}
-    nodes = [subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start", "--city", city],
-                              env=env) for city in cities or ["fra"]]
-    _banner(base, dev)
+    state = GatewayState.build(settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,
+                                           port=settings.gateway_port, log_level="info"))
+    cities = cities or ["fra"]
+    nodes = {city: subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start",
+                                     "--city", city], env=env) for city in cities}
+    print(f"edgefire: waiting for edge node(s) {', '.join(cities)} to register…", flush=True)
     try:
-        uvicorn.run(create_app(GatewayState.build(settings)), host=settings.gateway_host,
-                    port=settings.gateway_port, log_level="info")
+        return asyncio.run(serve_fleet(server, state.directory, nodes, base, dev))
     finally:
-        for node in nodes:
+        for node in nodes.values():
             node.terminate()
-        for node in nodes:
+        for node in nodes.values():
             node.wait(timeout=30)
+
+
+async def serve_fleet(server: uvicorn.Server, directory: NodeDirectory,
+                      nodes: dict[str, subprocess.Popen], base: str, dev: dict) -> int:
+    """Serve until stopped; the banner once the nodes are ready; 1 if a node died first."""
+    failed: list[str] = []
+
+    async def announce() -> None:
+        try:
+            await wait_for_fleet(directory, nodes)
+        except NodeExitedError as exc:
+            failed.append(str(exc))
+            server.should_exit = True
+            return
+        _banner(base, dev)
+
+    watcher = asyncio.create_task(announce())
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
+    if failed:
+        print(f"edge-gateway: {failed[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -67,7 +127,8 @@ def _banner(base: str, dev: dict) -> None:
     print(f"""
 edgefire gateway on {base}
   account: {dev['account_id']}
-  token:   {dev['token']}        (kept in .edgefire/dev.json)
+  token:   {dev['token']}        (kept in .edgefire/dev.json, with the admin_token
+                                  for {base}/internal/nodes)
 try:
   curl {base}/client/v4/accounts/{dev['account_id']}/ai/run/{model} \\
     -H "Authorization: Bearer {dev['token']}" -d '{{"prompt": "Hello!"}}'

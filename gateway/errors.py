@@ -32,3 +32,10 @@ class ForbiddenError(AuthError):
     """The credentials are valid but do not grant access to what was asked for."""
 
     status = 403
+
+
+class ConfigError(EdgefireError):
+    """The gateway's own configuration cannot be used: it refuses to start."""
+
+    code = 5006
+    status = 500

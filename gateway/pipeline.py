@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -32,6 +32,10 @@ from runtime.server.errors import RequestTimeoutError
 log = logging.getLogger(__name__)
 
 _TAIL_BYTES = 8192  # enough of a stream's end to find its usage event
+MAX_STEPS = 10  # universal-endpoint steps per request
+# Upstream calls one request may cause, over its steps and their retries: each step may ask
+# for up to 5 attempts, so without a total a 10-step request could cost 50 upstream calls.
+MAX_ATTEMPTS = 10
 
 
 class RateLimitedError(EdgefireError):
@@ -78,6 +82,12 @@ class Pipeline:
 
     async def handle(self, request: GatewayRequest) -> Response:
         started = time.perf_counter()
+        check_attempts(request)
+        await self._charge(request)  # the request itself, answered from the cache or not
+        answer = await self._first_answer(request)
+        return self._respond(request, answer, started)
+
+    async def _charge(self, request: GatewayRequest) -> None:
         gateway = request.gateway
         if gateway is not None and gateway.rate_limiting_limit:
             decision = await self.limiter.hit(
@@ -86,15 +96,23 @@ class Pipeline:
             if not decision.allowed:
                 raise RateLimitedError(f"Rate limit exceeded for gateway {gateway.id}; retry in "
                                        f"{decision.retry_after_s:.0f}s")
-        answer = await self._first_answer(request)
-        return self._respond(request, answer, started)
 
     async def _first_answer(self, request: GatewayRequest) -> _Answer:
         failure: Exception | None = None
         kept: _Answer | None = None
+        attempts = 0
+
+        async def before_attempt() -> None:
+            # The request's own charge covers its first upstream call; every later one (a
+            # retry, a fallback step) is charged too, so retries cannot multiply the limit.
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:
+                await self._charge(request)
+
         for index, step in enumerate(request.steps):
             try:
-                answer = await self._fetch(request, step, index)
+                answer = await self._fetch(request, step, index, before_attempt)
             except (UpstreamError, RequestTimeoutError) as exc:
                 failure = exc
                 continue
@@ -106,7 +124,8 @@ class Pipeline:
         assert failure is not None, "a gateway request has at least one step"
         raise failure
 
-    async def _fetch(self, request: GatewayRequest, step: Step, index: int) -> _Answer:
+    async def _fetch(self, request: GatewayRequest, step: Step, index: int,
+                     before_attempt: Callable[[], Awaitable[None]]) -> _Answer:
         provider = self.providers.get(step.provider)
         if provider is None:
             raise InvalidInputError(f"unknown provider {step.provider!r}", field="provider")
@@ -118,7 +137,7 @@ class Pipeline:
             hit = await self.cache.get(key)
             if hit is not None:
                 return _Answer(UpstreamResponse(hit.status, hit.headers, hit.body), index, True)
-        response = await send_with_retries(provider, step.request, step.retry)
+        response = await send_with_retries(provider, step.request, step.retry, before_attempt)
         if key is not None and response.status == 200:
             await self.cache.set(key, CachedResponse(response.status, response.headers,
                                                      response.body), policy.ttl_s)
@@ -196,6 +215,21 @@ class Pipeline:
         except UnknownModelError:
             price = None
         return cost_usd(price, tokens.tokens_in, tokens.tokens_out, tokens.cached_in)
+
+
+def check_attempts(request: GatewayRequest) -> None:
+    """5006 naming the step past which the request would exceed MAX_ATTEMPTS upstream calls
+    (the steps' maxAttempts, or cf-aig-max-attempts, added up): refused before any call.
+    Only the universal endpoint has several steps, so only it can get there."""
+    total = 0
+    for index, step in enumerate(request.steps):
+        total += step.retry.max_attempts
+        if total > MAX_ATTEMPTS:
+            field = f"body[{index}]"
+            raise InvalidInputError(
+                f"a request may make at most {MAX_ATTEMPTS} upstream attempts over all its steps "
+                f"and retries; {field} brings the steps' maxAttempts (cf-aig-max-attempts) to "
+                f"{total}", field=field)
 
 
 def parse_metadata(headers: Mapping[str, str]) -> dict:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
 from gateway.providers.base import Provider, UpstreamError, UpstreamRequest, UpstreamResponse
@@ -71,14 +71,22 @@ _FIELDS = (
 )
 
 
-async def send_with_retries(provider: Provider, request: UpstreamRequest,
-                            policy: RetryPolicy) -> UpstreamResponse:
-    """The first good answer; after the last attempt, its error answer or its exception."""
+async def send_with_retries(provider: Provider, request: UpstreamRequest, policy: RetryPolicy,
+                            before_attempt: Callable[[], Awaitable[None]] | None = None,
+                            ) -> UpstreamResponse:
+    """The first good answer; after the last attempt, its error answer or its exception.
+
+    before_attempt runs before each call (the pipeline charges it to the rate limit; it may
+    raise to stop). A timed-out call is cancelled, which closes its upstream connection, so
+    the node sees the disconnect and stops generating.
+    """
     timeout = policy.request_timeout_ms / 1000 if policy.request_timeout_ms else None
     failure: Exception | UpstreamResponse | None = None
     for attempt in range(policy.max_attempts):
         if attempt:
             await asyncio.sleep(policy.delay_s(attempt))
+        if before_attempt is not None:
+            await before_attempt()
         try:
             response = await asyncio.wait_for(provider.send(request), timeout)
         except TimeoutError:

@@ -7,7 +7,9 @@ import hmac
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.auth import bearer
 from gateway.errors import AuthError, NotFoundError
+from gateway.node_auth import SECRET_HEADER
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
 from runtime.server.envelope import success
@@ -85,24 +87,38 @@ class AdminRoutes:
             raise NotFoundError(f"gateway {gateway_id!r} not found", field="gateway_id")
         return gateway
 
-    # Nodes report themselves here; with a node secret configured, only they can.
+    # Nodes report themselves here, with a node credential (gateway/node_auth.py).
     async def heartbeat(self, request: Request) -> Response:
-        secret = self.state.settings.node_secret
-        sent = request.headers.get("x-edgefire-node-secret", "")
-        if secret and not hmac.compare_digest(sent.encode(), secret.encode()):
-            raise AuthError("Authentication error")
-        body = await read_json(request, self.state.settings.max_request_bytes)
-        node = self.state.directory.heartbeat(body)
+        credentials = self.state.node_credentials
+        matches = credentials.authenticate(request.headers.get(SECRET_HEADER, ""))
+        body = await read_json(request, self.state.settings.max_heartbeat_bytes)
+        city = body.get("city")
+        credential = credentials.for_city(city if isinstance(city, str) else "", matches)
+        node = self.state.directory.heartbeat(body, credential)
         return success({"city": node.city})
 
     async def nodes(self, request: Request) -> Response:
+        """The directory, node URLs and load included: for the operator only."""
+        token = self.state.settings.admin_token
+        sent = bearer(request.headers.get("authorization")) or ""
+        if not token or not hmac.compare_digest(sent.encode(), token.encode()):
+            raise AuthError("Authentication error: /internal/nodes needs the admin token "
+                            "(EDGEFIRE_ADMIN_TOKEN) as Authorization: Bearer")
         return JSONResponse(self.state.directory.to_json())
 
     async def health(self, request: Request) -> Response:
+        """503 "no_nodes" while no node can take a request; "degraded" when only degraded nodes
+        can, or Redis (when configured) does not answer."""
         healthy = self.state.directory.healthy()
-        redis = self.state.redis_health
-        return JSONResponse({"status": "ok", "healthy_nodes": [n.city for n in healthy],
-                             "redis": await redis.state() if redis else "disabled"})
+        redis = await self.state.redis_health.state() if self.state.redis_health else "disabled"
+        if not healthy:
+            status = "no_nodes"
+        elif redis == "unreachable" or all(n.status == "degraded" for n in healthy):
+            status = "degraded"
+        else:
+            status = "ok"
+        return JSONResponse({"status": status, "healthy_nodes": [n.city for n in healthy],
+                             "redis": redis}, 503 if status == "no_nodes" else 200)
 
 
 def _int(query, name: str, default: int) -> int:

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.disconnect import unless_client_leaves
 from gateway.errors import NotFoundError
 from gateway.gateways import GatewayConfig
-from gateway.pipeline import GatewayRequest, Step
+from gateway.pipeline import MAX_STEPS, GatewayRequest, Step
 from gateway.providers.base import UpstreamRequest
 from gateway.retries import RetryPolicy
 from gateway.state import GatewayState
@@ -52,7 +53,7 @@ class InferenceRoutes:
     async def _workers_ai(self, request: Request, path: str, request_type: str) -> Response:
         account_id = self._account(request)
         gateway_id = request.headers.get("cf-aig-gateway-id")
-        gateway = self._gateway(account_id, gateway_id) if gateway_id else None
+        gateway = self._authorized(request, account_id, gateway_id) if gateway_id else None
         body = await read_body(request, self.state.settings.max_request_bytes)
         step = self._step(request, account_id, WORKERS_AI, path, body, request.headers)
         return await self._handle(account_id, gateway, request, request_type, [step])
@@ -82,9 +83,9 @@ class InferenceRoutes:
         account_id, gateway = self._gateway_of(request)
         raw = await read_body(request, self.state.settings.max_request_bytes)
         entries = parse_json(raw, list)
-        if not entries:
-            raise InvalidInputError("the universal endpoint takes a non-empty array of steps",
-                                    field="body")
+        if not 1 <= len(entries) <= MAX_STEPS:
+            raise InvalidInputError("the universal endpoint takes an array of 1 to "
+                                    f"{MAX_STEPS} steps", field="body")
         steps = [self._universal_step(request, account_id, i, e) for i, e in enumerate(entries)]
         return await self._handle(account_id, gateway, request, "Universal", steps, True)
 
@@ -118,7 +119,7 @@ class InferenceRoutes:
                       request_type: str, steps: list[Step], universal: bool = False) -> Response:
         call = GatewayRequest(account_id, gateway, request.url.path, request_type, steps,
                               universal)
-        return await self.state.pipeline.handle(call)
+        return await unless_client_leaves(request.receive, self.state.pipeline.handle(call))
 
     def _account(self, request: Request) -> str:
         account_id = request.path_params["account_id"]
@@ -127,10 +128,16 @@ class InferenceRoutes:
 
     def _gateway_of(self, request: Request) -> tuple[str, GatewayConfig]:
         account_id = self._account(request)  # before the gateway: nothing is created unasked
-        gateway = self._gateway(account_id, request.path_params["gateway_id"])
+        return account_id, self._authorized(request, account_id,
+                                            request.path_params["gateway_id"])
+
+    def _authorized(self, request: Request, account_id: str, gateway_id: str) -> GatewayConfig:
+        """The gateway, once its own authentication (cf-aig-authorization) passes, whichever
+        route (AI Gateway URL or Workers AI REST with cf-aig-gateway-id) names it."""
+        gateway = self._gateway(account_id, gateway_id)
         if gateway.authentication:
             self.state.auth.check(request.headers, account_id, gateway)
-        return account_id, gateway
+        return gateway
 
     def _gateway(self, account_id: str, gateway_id: str) -> GatewayConfig:
         if gateway_id == "default":

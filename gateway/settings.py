@@ -29,15 +29,21 @@ class GatewaySettings(BaseSettings):
     # Logs kept per gateway (the oldest go first) and, when set, their maximum age.
     log_max_per_gateway: int = Field(100_000, ge=1)
     log_retention_days: float | None = Field(None, gt=0)
-    node_secret: str | None = None  # sent to nodes; nodes' heartbeats must carry it
+    node_secret: str | None = None  # the fleet's: sent to nodes, their heartbeats carry it
+    admin_token: str | None = None  # Bearer token for /internal/nodes (unset: refused)
     heartbeat_timeout_s: float = 6.0
+    max_nodes: int = 256  # live cities; a new one past this is refused
+    max_heartbeat_bytes: int = 64 << 10
+    max_heartbeat_models: int = 128  # loaded_models entries in one heartbeat
+    startup_hold_s: float = 0.0  # until a first node is ready, hold requests this long
     max_request_bytes: int = 1 << 20
     catalog: Path | None = None
 
 
 def load_gateway_yaml(path: Path | None) -> dict:
-    """`providers: {name: {type, base_url, api_key_env}}` and `ip_map: {ip_or_prefix: city}`."""
+    """`providers: {name: {type, base_url, api_key_env, allowed_paths}}`, `ip_map:
+    {ip_or_prefix: city}` and `nodes: {city: {secret_env}}` (a city's own node credential)."""
     if path is None:
-        return {"providers": {}, "ip_map": {}}
+        return {"providers": {}, "ip_map": {}, "nodes": {}}
     data = yaml.safe_load(Path(path).read_text()) or {}
-    return {"providers": data.get("providers") or {}, "ip_map": data.get("ip_map") or {}}
+    return {name: data.get(name) or {} for name in ("providers", "ip_map", "nodes")}

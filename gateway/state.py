@@ -12,6 +12,7 @@ from gateway.cache import make_cache
 from gateway.db import Database
 from gateway.gateways import GatewayStore
 from gateway.logs import LogRetention, LogStore
+from gateway.node_auth import NodeCredentials
 from gateway.pipeline import Pipeline
 from gateway.providers.base import Provider, ProviderContext
 from gateway.ratelimit import make_rate_limiter
@@ -39,6 +40,7 @@ class GatewayState:
     pipeline: Pipeline
     http: httpx.AsyncClient
     redis_health: RedisHealth | None  # None: no Redis configured
+    node_credentials: NodeCredentials
 
     @classmethod
     def build(cls, settings: GatewaySettings, db: Database | None = None) -> GatewayState:
@@ -49,17 +51,20 @@ class GatewayState:
         accounts, gateways = AccountStore(db), GatewayStore(db)
         logs = LogStore(db, _retention(settings))
         config = load_gateway_yaml(settings.gateway_config)
-        directory = NodeDirectory(heartbeat_timeout_s=settings.heartbeat_timeout_s)
+        credentials = NodeCredentials.load(settings.node_secret, config["nodes"])
+        directory = NodeDirectory(
+            heartbeat_timeout_s=settings.heartbeat_timeout_s, max_nodes=settings.max_nodes,
+            max_models=settings.max_heartbeat_models, startup_hold_s=settings.startup_hold_s)
         cities = {c.code: (c.lat, c.lon) for c in all_cities()}
         http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
-        providers = _providers(catalog, http, directory, settings, config["providers"])
+        providers = _providers(catalog, http, directory, credentials, config["providers"])
         pipeline = Pipeline(providers, make_cache(settings), make_rate_limiter(settings), logs,
                             catalog)
         redis_health = (RedisHealth(settings.redis_url, settings.redis_timeout_s)
                         if settings.redis_url else None)
         return cls(settings, catalog, db, accounts, gateways, logs, Authenticator(accounts),
                    directory, ClientLocator(config["ip_map"], cities), providers, pipeline, http,
-                   redis_health)
+                   redis_health, credentials)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -75,12 +80,12 @@ def _retention(settings: GatewaySettings) -> LogRetention:
 
 
 def _providers(catalog: Catalog, http: httpx.AsyncClient, directory: NodeDirectory,
-               settings: GatewaySettings, configured: dict) -> dict[str, Provider]:
+               credentials: NodeCredentials, configured: dict) -> dict[str, Provider]:
     """`workers-ai` always; each gateway.yaml provider by its `type` (a provider plugin)."""
     factories = load_plugins().providers
 
     def context(section: dict) -> ProviderContext:
-        return ProviderContext(catalog, http, directory, settings.node_secret, section)
+        return ProviderContext(catalog, http, directory, credentials, section)
 
     providers = {"workers-ai": factories.get("workers-ai")("workers-ai", context({}))}
     for name, section in configured.items():

@@ -11,6 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from bench.gateway import MODEL, USAGE, fake_node_app, heartbeat
 from edgefire import AI, AiGatewayLogNotFound, InferenceUpstreamError
@@ -170,3 +174,28 @@ def test_models_and_gateway_urls(fleet: Fleet) -> None:
     gateway = ai.gateway("g1")
     assert gateway.get_url() == f"{fleet.base_url}/v1/{fleet.account_id}/g1"
     assert gateway.get_url("openai") == f"{fleet.base_url}/v1/{fleet.account_id}/g1/openai"
+
+
+@pytest.mark.parametrize("name", ["@cf/a/b", "@cf/x?y=1", "@cf/x#frag", "@cf/../../internal/nodes",
+                                  "@cf/with space", "@cf/50%/x", "..", "@cf/./x"])
+def test_model_names_reach_the_gateway_as_written(serve, name: str) -> None:
+    """Escaped per segment: the gateway's `{model:path}` route gets the name, nothing else."""
+    routes = ("/client/v4/accounts/{account_id}/ai/run/{model:path}",
+              "/v1/{account_id}/{gateway_id}/workers-ai/{model:path}")
+    got: list[tuple[str, str, str]] = []
+
+    async def record(request: Request) -> Response:
+        got.append((request.path_params["account_id"], request.path_params["model"],
+                    request.url.query))
+        return JSONResponse({"result": {}, "success": True, "errors": [], "messages": []})
+
+    app = Starlette(routes=[Route(path, record, methods=["POST"]) for path in routes])
+
+    async def use(base_url: str) -> None:
+        async with AI(base_url, "acct?#x", "token") as ai:
+            await ai.run(name, {"prompt": "x"})
+            await ai.run(name, {"prompt": "x"}, {"gateway": {"id": "default"}})
+
+    with serve(app) as base_url:
+        asyncio.run(use(base_url))
+    assert got == [("acct?#x", name, "")] * 2

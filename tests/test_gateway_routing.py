@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from gateway.errors import ForbiddenError
 from gateway.routing.directory import NodeDirectory
 from gateway.routing.geo import (
     COUNTRY_CENTROIDS,
@@ -193,16 +195,120 @@ def test_deep_queue_spills_over() -> None:
 def test_session_affinity() -> None:
     clock = FakeClock()
     nodes = directory(clock)
-    nodes.pin("s1", "sin")
-    assert order(nodes, GERMANY, session_id="s1")[0] == "sin"
-    assert order(nodes, GERMANY, session_id="other")[0] == "fra"
+    s1 = ("acct-a", "s1")
+    nodes.pin(*s1, "sin")
+    assert order(nodes, GERMANY, session=s1)[0] == "sin"
+    assert order(nodes, GERMANY, session=("acct-a", "other"))[0] == "fra"
     assert order(nodes, GERMANY)[0] == "fra"
     # Not eligible any more: too small for the model, failed, or too busy.
-    assert order(nodes, GERMANY, model="@cf/big", need=12 << 30, session_id="s1") == ["iad"]
+    assert order(nodes, GERMANY, model="@cf/big", need=12 << 30, session=s1) == ["iad"]
     nodes.heartbeat(beat(CITIES["sin"], waiting=8))
-    assert order(nodes, GERMANY, session_id="s1")[0] == "fra"
+    assert order(nodes, GERMANY, session=s1)[0] == "fra"
     nodes.heartbeat(beat(CITIES["sin"]))
     nodes.mark_failed("sin")
-    assert order(nodes, GERMANY, session_id="s1")[0] == "fra"
-    nodes.pin("s1", "lhr")  # re-pinned where it was served instead
-    assert order(nodes, GERMANY, session_id="s1")[0] == "lhr"
+    assert order(nodes, GERMANY, session=s1)[0] == "fra"
+    nodes.pin(*s1, "lhr")  # re-pinned where it was served instead
+    assert order(nodes, GERMANY, session=s1)[0] == "lhr"
+
+
+def test_session_pins_are_per_account() -> None:
+    nodes = directory()
+    nodes.pin("acct-a", "shared-id", "sin")
+    # Another account sending the same session id is routed on its own merits.
+    assert order(nodes, GERMANY, session=("acct-b", "shared-id"))[0] == "fra"
+    assert order(nodes, GERMANY, session=("acct-a", "shared-id"))[0] == "sin"
+
+
+# --- what a heartbeat may claim -------------------------------------------------------------
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("ftp://127.0.0.1:8801", "http"), ("http://", "host"), ("http://:8801", "host"),
+    ("http://user:pw@127.0.0.1:8801", "user"), ("http://127.0.0.1:8801/?x=1", "query"),
+    ("http://127.0.0.1:8801?", "query"), ("http://127.0.0.1:8801#top", "fragment"),
+    ("http://127.0.0.1:8801/v1", "path"), ("http://127.0.0.1:0", "port"),
+    ("http://127.0.0.1:65536", "port"), ("http://127.0.0.1:http", "port"),
+    ("http://bad host:80", "spaces"), ("http://ex%61mple.com", "host"),
+    ("http://" + "a" * 2050, "2048"),
+])
+def test_node_urls_are_plain_http_origins(url: str, why: str) -> None:
+    with pytest.raises(InvalidInputError, match=why) as caught:
+        NodeDirectory().heartbeat(beat(CITIES["fra"], url=url))
+    assert caught.value.field == "url" and caught.value.code == 5006
+
+
+@pytest.mark.parametrize(("url", "kept"), [
+    ("http://127.0.0.1:8801/", "http://127.0.0.1:8801"),
+    ("https://fra.example.net", "https://fra.example.net"),
+    ("http://[::1]:8801", "http://[::1]:8801"),
+])
+def test_good_node_urls_are_kept_as_origins(url: str, kept: str) -> None:
+    assert NodeDirectory().heartbeat(beat(CITIES["fra"], url=url)).url == kept
+
+
+def test_heartbeat_sizes_are_bounded() -> None:
+    many = {f"@cf/m{i}": {} for i in range(5)}
+    with pytest.raises(InvalidInputError, match="more than 4") as caught:
+        NodeDirectory(max_models=4).heartbeat(beat(CITIES["fra"], loaded_models=many))
+    assert caught.value.field == "loaded_models"
+    for change in ({"city": "x" * 65}, {"city": "fra/../x"}, {"name": "n" * 129},
+                   {"role": "all"}, {"status": "fine"}, {"status": 1}):
+        with pytest.raises(InvalidInputError):
+            NodeDirectory().heartbeat(beat(CITIES["fra"]) | change)
+
+
+def test_node_count_is_bounded_but_silent_nodes_make_room() -> None:
+    clock = FakeClock()
+    nodes = NodeDirectory(clock=clock, max_nodes=2)
+    nodes.heartbeat(beat(CITIES["fra"]))
+    nodes.heartbeat(beat(CITIES["sin"]))
+    with pytest.raises(InvalidInputError, match="2 live nodes") as caught:
+        nodes.heartbeat(beat(CITIES["gru"]))
+    assert caught.value.field == "city"
+    nodes.heartbeat(beat(CITIES["fra"], waiting=1))  # a known city still reports
+    clock.now += 4
+    nodes.heartbeat(beat(CITIES["fra"]))
+    clock.now += 3  # sin is silent past the timeout: its slot is free
+    assert nodes.heartbeat(beat(CITIES["gru"])).city == "gru"
+    assert [n.city for n in nodes.nodes()] == ["fra", "gru"]
+
+
+def test_a_live_city_stays_bound_to_the_credential_that_registered_it() -> None:
+    clock = FakeClock()
+    nodes = NodeDirectory(clock=clock)
+    nodes.heartbeat(beat(CITIES["sin"]), credential="node:fra")
+    with pytest.raises(ForbiddenError) as caught:
+        nodes.heartbeat(beat(CITIES["sin"], url="http://203.0.113.9:80"), credential="fleet")
+    assert caught.value.status == 403
+    assert nodes.nodes()[0].url == f"http://127.0.0.1:{CITIES['sin'].port}"
+    moved = nodes.heartbeat(beat(CITIES["sin"], url="http://127.0.0.1:9999"), "node:fra")
+    assert moved.url == "http://127.0.0.1:9999"  # its own credential may move it
+    clock.now += 7  # silent past the timeout: no longer live, so another credential may take it
+    assert nodes.heartbeat(beat(CITIES["sin"]), credential="fleet").credential == "fleet"
+
+
+def test_degraded_nodes_rank_last_and_starting_nodes_are_never_routed() -> None:
+    nodes = directory(fra={"status": "degraded"}, lhr={"status": "starting"})
+    ranked = order(nodes, GERMANY)
+    assert ranked[-1] == "fra" and "lhr" not in ranked
+    assert [n.city for n in nodes.healthy()] == ["fra", "gru", "iad", "sin"]
+    # A degraded node still serves when it is the only one that can.
+    only = NodeDirectory(clock=FakeClock())
+    only.heartbeat(beat(CITIES["fra"], status="degraded"))
+    assert order(only, GERMANY) == ["fra"]
+
+
+def test_start_up_hold_ends_when_a_node_is_ready() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        nodes = NodeDirectory(clock=FakeClock(), startup_hold_s=30)
+        assert nodes.starting
+        nodes.heartbeat(beat(CITIES["fra"], status="starting"))  # registered, not ready
+        waiter = asyncio.ensure_future(nodes.wait_until_ready())
+        await asyncio.sleep(0)
+        pending = not waiter.done()
+        nodes.heartbeat(beat(CITIES["fra"]))
+        return pending, await waiter, nodes.starting
+
+    assert asyncio.run(scenario()) == (True, True, False)
+    no_hold = NodeDirectory(startup_hold_s=0)
+    assert not no_hold.starting
+    assert asyncio.run(NodeDirectory(startup_hold_s=0.01).wait_until_ready()) is False

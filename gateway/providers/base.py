@@ -8,6 +8,7 @@ from typing import Protocol
 
 import httpx
 
+from gateway.node_auth import NodeCredentials
 from runtime.catalog import Catalog
 from runtime.errors import EdgefireError
 from runtime.weight_precision import PRECISION_HEADER
@@ -58,7 +59,7 @@ class ProviderContext:
     catalog: Catalog
     http: httpx.AsyncClient
     directory: object  # gateway.routing.directory.NodeDirectory
-    node_secret: str | None
+    node_credentials: NodeCredentials  # which secret to send to each node
     settings: dict  # this provider's section of gateway.yaml
 
 

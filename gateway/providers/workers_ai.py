@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gateway.node_auth import SECRET_HEADER
 from gateway.providers.base import (
     ProviderContext,
     UpstreamError,
@@ -14,12 +15,19 @@ from gateway.providers.base import (
 from runtime.errors import EdgefireError, InvalidInputError
 
 NO_CAPACITY = "No more data centers to forward the request to"
+STARTING = "The edge fleet is starting: no node is ready yet; retry in a few seconds"
 _OPENAI_PATHS = ("v1/chat/completions", "v1/embeddings")
 
 
 class NoNodeError(EdgefireError):
     code = 3040
     status = 429
+
+
+class FleetStartingError(NoNodeError):
+    """No node has become ready since the gateway started (edge-gateway dev's start-up)."""
+
+    status = 503
 
 
 class WorkersAIProvider:
@@ -33,8 +41,13 @@ class WorkersAIProvider:
         model_id = _model_of(request)
         spec = self.context.catalog.get(model_id)  # unknown: 5007 before any node is bothered
         need = int(spec.extra.get("memory_mib", 0)) << 20
-        nodes = self.context.directory.candidates(spec.id, need, request.location,
-                                                  request.session_id)
+        directory = self.context.directory
+        session = (request.account_id, request.session_id) if request.session_id else None
+        nodes = directory.candidates(spec.id, need, request.location, session)
+        if not nodes and directory.starting:
+            if not await directory.wait_until_ready():
+                raise FleetStartingError(STARTING)
+            nodes = directory.candidates(spec.id, need, request.location, session)
         if not nodes:
             raise NoNodeError(NO_CAPACITY)
         last: UpstreamError | None = None
@@ -42,20 +55,22 @@ class WorkersAIProvider:
             url = f"{node.url}/client/v4/accounts/{request.account_id}/ai/{_node_path(request)}"
             try:
                 response = await forward(self.context.http, request.method, url, request,
-                                         self._headers(request), node=node.city)
+                                         self._headers(node.credential), node=node.city)
             except UpstreamError as exc:
-                self.context.directory.mark_failed(node.city)
+                directory.mark_failed(node.city)
                 last = exc
                 continue
-            if request.session_id and response.ok:
-                self.context.directory.pin(request.session_id, node.city)
+            if session and response.ok:
+                directory.pin(*session, node.city)
             return response
         raise last or NoNodeError(NO_CAPACITY)
 
-    def _headers(self, request: UpstreamRequest) -> dict[str, str]:
+    def _headers(self, credential: str) -> dict[str, str]:
+        """The node checks the secret of the credential its city is bound to (its own)."""
         headers = {"content-type": "application/json"}
-        if self.context.node_secret:
-            headers["x-edgefire-node-secret"] = self.context.node_secret
+        secret = self.context.node_credentials.secret(credential)
+        if secret:
+            headers[SECRET_HEADER] = secret
         return headers
 
 

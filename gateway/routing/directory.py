@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import math
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from gateway.errors import ForbiddenError
+from gateway.node_auth import OPEN
 from gateway.routing.geo import great_circle_km, latency_ms
+from gateway.routing.report import validate
 from runtime.errors import InvalidInputError
 
 # A cold load takes seconds, but whether a node is worth it also depends on the user's
@@ -34,6 +37,8 @@ class NodeState:
     failed_until: float = 0
     name: str = ""
     role: str = "both"
+    status: str = "ok"  # "ok", "degraded" (ranked last) or "starting" (never routed to)
+    credential: str = OPEN  # the id of the node credential this city is bound to
 
     def can_hold(self, model_id: str, need_bytes: int) -> bool:
         return model_id in self.loaded_models or need_bytes <= self.memory_budget_bytes
@@ -41,29 +46,69 @@ class NodeState:
 
 class NodeDirectory:
     def __init__(self, heartbeat_timeout_s: float = 6.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, max_nodes: int = 256,
+                 max_models: int = 128, startup_hold_s: float = 0.0) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_nodes = max_nodes
+        self.max_models = max_models
+        self.startup_hold_s = startup_hold_s
         self._clock = clock
         self._nodes: dict[str, NodeState] = {}
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        # Keyed by (account, session id): one account's id never steers another's requests.
+        self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._ready = asyncio.Event()  # set once a node is routable; ends the start-up hold
 
-    def heartbeat(self, payload: dict) -> NodeState:
-        """Register a node or refresh it from what it reports; InvalidInputError if malformed."""
-        fields = _validate(payload)
+    def heartbeat(self, payload: object, credential: str = OPEN) -> NodeState:
+        """Register a node or refresh it from what it reports, sent with `credential`.
+
+        InvalidInputError if malformed or a new city past max_nodes; ForbiddenError when a
+        live city is bound to another credential (so its URL cannot be taken over).
+        """
+        fields = validate(payload, self.max_models)
         now = self._clock()
         node = self._nodes.get(fields["city"])
+        if node is not None and node.credential != credential and self._is_live(node, now):
+            raise ForbiddenError(f"city {node.city!r} is bound to another node credential")
         if node is None:
-            node = NodeState(**fields, last_heartbeat=now)
+            self._make_room(now)
+            node = NodeState(**fields, last_heartbeat=now, credential=credential)
             self._nodes[node.city] = node
         else:
             for key, value in fields.items():
                 setattr(node, key, value)
             node.last_heartbeat = now
+            node.credential = credential
         # A heartbeat during the cooldown does not revive a node that just refused a
         # connection: its heartbeat may have been sent before it failed.
         if node.failed_until and now >= node.failed_until:
             node.failed_until = 0
+        if self._is_healthy(node, now):
+            self._ready.set()
         return node
+
+    def _make_room(self, now: float) -> None:
+        """Forget silent nodes to admit a new city; refuse it when all max_nodes are live."""
+        if len(self._nodes) < self.max_nodes:
+            return
+        for city in [c for c, n in self._nodes.items() if not self._is_live(n, now)]:
+            del self._nodes[city]
+        if len(self._nodes) >= self.max_nodes:
+            raise InvalidInputError(f"the gateway already tracks {self.max_nodes} live nodes "
+                                    "(EDGEFIRE_MAX_NODES); a new city is refused", field="city")
+
+    @property
+    def starting(self) -> bool:
+        """True until the first node is routable, while a start-up hold is configured."""
+        return self.startup_hold_s > 0 and not self._ready.is_set()
+
+    async def wait_until_ready(self) -> bool:
+        """Hold a request (up to startup_hold_s) for the fleet's first routable node."""
+        try:
+            async with asyncio.timeout(self.startup_hold_s):
+                await self._ready.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def mark_failed(self, city: str, cooldown_s: float = 5.0) -> None:
         """Stop routing to city until it heartbeats again after cooldown_s."""
@@ -78,25 +123,28 @@ class NodeDirectory:
         now = self._clock()
         return [n for n in self.nodes() if self._is_healthy(n, now)]
 
-    def pin(self, session_id: str, city: str) -> None:
-        """Keep session_id on city, which now holds its prefix cache."""
-        self._sessions[session_id] = city
-        self._sessions.move_to_end(session_id)
+    def pin(self, account_id: str, session_id: str, city: str) -> None:
+        """Keep the account's session_id on city, which now holds its prefix cache."""
+        key = (account_id, session_id)
+        self._sessions[key] = city
+        self._sessions.move_to_end(key)
         while len(self._sessions) > MAX_PINNED_SESSIONS:
             self._sessions.popitem(last=False)
 
     def candidates(self, model_id: str, need_bytes: int, location: tuple[float, float] | None,
-                   session_id: str | None = None, max_waiting: int = 8) -> list[NodeState]:
+                   session: tuple[str, str] | None = None,
+                   max_waiting: int = 8) -> list[NodeState]:
         """Healthy nodes that can hold model_id, best first.
 
-        Order: the session's pinned node (unless its queue is deep), then nodes with a short
-        queue by estimated cost (latency to the client, plus COLD_LOAD_PENALTY_MS where the
-        model is not loaded), then nodes with a deep queue (waiting >= max_waiting) in the
-        same order, so load spills over to the next best node. Ties go to the less busy node,
-        then the city code.
+        Order: nodes reporting "ok" before "degraded" ones; among them, the session's pinned
+        node (session is (account id, session id); unless its queue is deep), then nodes with
+        a short queue by estimated cost (latency to the client, plus COLD_LOAD_PENALTY_MS
+        where the model is not loaded), then nodes with a deep queue (waiting >= max_waiting)
+        in the same order, so load spills over to the next best node. Ties go to the less
+        busy node, then the city code.
         """
         eligible = [n for n in self.healthy() if n.can_hold(model_id, need_bytes)]
-        pinned = self._sessions.get(session_id) if session_id else None
+        pinned = self._sessions.get(session) if session else None
 
         def key(node: NodeState) -> tuple:
             # deep leads the key so that a pinned node with a deep queue spills over too.
@@ -105,7 +153,8 @@ class NodeDirectory:
                 great_circle_km(location[0], location[1], node.lat, node.lon))
             if model_id not in node.loaded_models:
                 cost += COLD_LOAD_PENALTY_MS
-            return (deep, node.city != pinned, cost, node.running + node.waiting, node.city)
+            return (node.status == "degraded", deep, node.city != pinned, cost,
+                    node.running + node.waiting, node.city)
 
         return sorted(eligible, key=key)
 
@@ -119,62 +168,10 @@ class NodeDirectory:
                       for n in self.nodes()],
         }
 
+    def _is_live(self, node: NodeState, now: float) -> bool:
+        return now - node.last_heartbeat <= self.heartbeat_timeout_s
+
     def _is_healthy(self, node: NodeState, now: float) -> bool:
-        return not node.failed_until and now - node.last_heartbeat <= self.heartbeat_timeout_s
-
-
-def _validate(payload: object) -> dict:
-    if not isinstance(payload, dict):
-        raise InvalidInputError("a heartbeat is a JSON object")
-    fields = {
-        "city": _string(payload, "city"),
-        "url": _string(payload, "url"),
-        "lat": _number(payload, "lat", -90, 90),
-        "lon": _number(payload, "lon", -180, 180),
-        "memory_budget_bytes": _count(payload, "memory_budget_bytes"),
-        "accelerator_bytes": _count(payload, "accelerator_bytes"),
-        "loaded_models": payload.get("loaded_models", {}),
-        "running": _count(payload, "running", 0),
-        "waiting": _count(payload, "waiting", 0),
-        "kv_usage": _number(payload, "kv_usage", 0, 1, 0.0),
-        "name": str(payload.get("name") or ""),
-        "role": str(payload.get("role") or "both"),
-    }
-    if not fields["url"].startswith(("http://", "https://")):
-        raise InvalidInputError("url must be an http(s) URL", field="url")
-    models = fields["loaded_models"]
-    if not (isinstance(models, dict)
-            and all(isinstance(k, str) and isinstance(v, dict) for k, v in models.items())):
-        raise InvalidInputError("loaded_models maps model ids to objects", field="loaded_models")
-    return fields
-
-
-_REQUIRED = object()
-
-
-def _string(payload: dict, name: str) -> str:
-    value = payload.get(name)
-    if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"{name} must be a non-empty string", field=name)
-    return value
-
-
-def _count(payload: dict, name: str, default: object = _REQUIRED) -> int:
-    value = payload.get(name, default)
-    if value is _REQUIRED:
-        raise InvalidInputError(f"{name} is required", field=name)
-    # bool is an int subclass; a true "memory budget" is a sender bug, not a count.
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInputError(f"{name} must be a non-negative integer", field=name)
-    return value
-
-
-def _number(payload: dict, name: str, low: float, high: float,
-            default: object = _REQUIRED) -> float:
-    value = payload.get(name, default)
-    if value is _REQUIRED:
-        raise InvalidInputError(f"{name} is required", field=name)
-    if (not isinstance(value, int | float) or isinstance(value, bool)
-            or not math.isfinite(value) or not low <= value <= high):
-        raise InvalidInputError(f"{name} must be a number in [{low}, {high}]", field=name)
-    return float(value)
+        """Routable: heard from lately, not just failed, and past its own start-up."""
+        return (not node.failed_until and node.status != "starting"
+                and self._is_live(node, now))
