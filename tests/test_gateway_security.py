@@ -125,12 +125,14 @@ def test_health_says_when_no_node_can_serve(secured):
     gw, _, node_url = secured
     empty = httpx.get(f"{gw.url}/health")
     assert empty.status_code == 503
-    assert empty.json() == {"status": "no_nodes", "healthy_nodes": []}
+    assert empty.json() == {"status": "no_nodes", "healthy_nodes": [],
+                            "redis": "disabled"}
     gw.beat(heartbeat(node_url, "fra", status="starting"), FRA).raise_for_status()
     assert httpx.get(f"{gw.url}/health").status_code == 503
     gw.beat(heartbeat(node_url, "fra", status="degraded"), FRA).raise_for_status()
     assert httpx.get(f"{gw.url}/health").json() == {"status": "degraded",
-                                                     "healthy_nodes": ["fra"]}
+                                                     "healthy_nodes": ["fra"],
+                                                     "redis": "disabled"}
     gw.beat(heartbeat(node_url, "fra"), FRA).raise_for_status()
     ok = httpx.get(f"{gw.url}/health")
     assert ok.status_code == 200 and ok.json()["status"] == "ok"
