@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime import LLM, EngineConfig, SamplingParams
-from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine, StepFailedError
 from runtime.engine.model_runner import kv_bytes_per_block
 from runtime.engine.scheduler import ScheduledBatch
 from runtime.engine.sequence import Sequence
@@ -349,6 +349,27 @@ def test_penalties_match_transformers(llm: LLM, hf, prompts, penalties: dict) ->
                                                   **penalties))
     assert all(r.usage.completion_tokens > 0 for r in sampled)
     assert_pool_drained(llm)
+
+
+def test_a_failed_step_drops_its_requests_and_the_engine_goes_on(llm: LLM, prompts, reference,
+                                                                 monkeypatch) -> None:
+    real_execute = llm.engine.runner.execute
+    steps = []
+
+    def execute(batch):
+        steps.append(len(batch.seqs))
+        if len(steps) == 3:
+            raise RuntimeError("boom")
+        return real_execute(batch)
+
+    monkeypatch.setattr(llm.engine.runner, "execute", execute)
+    with pytest.raises(StepFailedError) as info:
+        llm.generate(prompts[:3], GREEDY)
+    assert len(info.value.request_ids) == steps[2] and isinstance(info.value.__cause__,
+                                                                   RuntimeError)
+    assert_pool_drained(llm)  # the call's requests are gone, their KV blocks free
+    monkeypatch.undo()
+    assert_matches(llm.generate(prompts[:2], GREEDY), reference[:2])
 
 
 # --------------------------------------------------------------------------- bad input
