@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
-from runtime.engine.sampling_params import MAX_SEED, SamplingParams
+from runtime.engine.sampling_params import (
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
 from runtime.engine.sequence import Sequence
 from runtime.errors import InvalidInputError
 
@@ -286,6 +291,7 @@ def test_defaults_validate() -> None:
     SamplingParams(max_tokens=1, temperature=0, top_p=1, top_k=VOCAB, seed=MAX_SEED,
                    repetition_penalty=2, frequency_penalty=-2, presence_penalty=2,
                    stop=["\n"], stop_token_ids=[VOCAB - 1]).validate(VOCAB)
+    SamplingParams(stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS).validate(VOCAB)
     assert SamplingParams(temperature=0).greedy and SamplingParams(top_k=1).greedy
     assert not SamplingParams().greedy and not SamplingParams().has_penalties
 
@@ -311,6 +317,8 @@ def test_defaults_validate() -> None:
     ({"presence_penalty": -2.1}, "presence_penalty"),
     ({"stop": [""]}, "stop"),
     ({"stop": "\n"}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),  # OpenAI's limit is 4
+    ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
     ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
 ])
