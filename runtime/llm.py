@@ -68,22 +68,22 @@ class LLM:
         if len(params) != len(token_lists):
             raise InvalidInputError("one SamplingParams per prompt is required", field="params")
         ids = [f"offline-{next(self._ids)}" for _ in token_lists]
-        added = []
+        results = {i: GenerationResult(t, "", [], None, None)
+                   for i, t in zip(ids, token_lists, strict=True)}
+        # Whatever fails (a bad request while adding, a failed step), the call's other
+        # requests are aborted too, so the engine is left empty for the next call.
         try:
             for request_id, tokens, p in zip(ids, token_lists, params, strict=True):
                 self.engine.add_request(request_id, tokens, p)
-                added.append(request_id)
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    result = results[out.request_id]
+                    result.text += out.text
+                    result.token_ids.extend(out.token_ids)
+                    if out.finished:
+                        result.finish_reason, result.usage = out.finish_reason, out.usage
         except Exception:
-            for request_id in added:
+            for request_id in ids:
                 self.engine.abort(request_id)
             raise
-        results = {i: GenerationResult(t, "", [], None, None)
-                   for i, t in zip(ids, token_lists, strict=True)}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                result = results[out.request_id]
-                result.text += out.text
-                result.token_ids.extend(out.token_ids)
-                if out.finished:
-                    result.finish_reason, result.usage = out.finish_reason, out.usage
         return [results[i] for i in ids]

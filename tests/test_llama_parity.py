@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime import LLM, EngineConfig, SamplingParams
-from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine, StepFailedError
 from runtime.engine.model_runner import kv_bytes_per_block
 from runtime.engine.scheduler import ScheduledBatch
 from runtime.engine.sequence import Sequence
@@ -305,6 +305,71 @@ def test_preemption_recomputes_identically(llm: LLM, prompts, batched, reference
     assert [r.text for r in results] == [r.text for r in batched]
     assert_matches(results, reference)
     assert_pool_drained(tight)
+
+
+# --------------------------------------------------------------------------- penalties
+
+
+class _OpenAIPenalties:
+    """OpenAI's frequency/presence penalties as a transformers logits processor: the counts
+    are over generated tokens only (transformers has no processor of its own for these)."""
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
+        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        counts = torch.zeros_like(scores)
+        out = input_ids[:, self.prompt_len:]
+        counts.scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0)
+
+
+@pytest.mark.parametrize("penalties", [
+    {"repetition_penalty": 1.3}, {"frequency_penalty": 0.9}, {"presence_penalty": 1.5},
+    {"repetition_penalty": 1.15, "frequency_penalty": 0.5, "presence_penalty": 0.3},
+])
+def test_penalties_match_transformers(llm: LLM, hf, prompts, penalties: dict) -> None:
+    # Regression: any penalty made the engine's step raise (in-place update of an inference
+    # tensor). Greedy, the penalized continuations must match transformers token for token.
+    params = SamplingParams(max_tokens=24, temperature=0, **penalties)
+    chosen = [prompts[1], prompts[4]]
+    results = llm.generate(chosen, params)
+    stop = sorted(llm.tokenizer.stop_token_ids)
+    for ids, result in zip(chosen, results, strict=True):
+        processors = [_OpenAIPenalties(len(ids), params.frequency_penalty,
+                                       params.presence_penalty)]
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                              max_new_tokens=24, do_sample=False, eos_token_id=stop,
+                              pad_token_id=llm.tokenizer.eos_token_id,
+                              repetition_penalty=params.repetition_penalty,
+                              logits_processor=processors)
+        assert result.token_ids == out[0, len(ids):].tolist()
+    sampled = llm.generate(chosen, SamplingParams(max_tokens=24, temperature=0.9, seed=3,
+                                                  **penalties))
+    assert all(r.usage.completion_tokens > 0 for r in sampled)
+    assert_pool_drained(llm)
+
+
+def test_a_failed_step_drops_its_requests_and_the_engine_goes_on(llm: LLM, prompts, reference,
+                                                                 monkeypatch) -> None:
+    real_execute = llm.engine.runner.execute
+    steps = []
+
+    def execute(batch):
+        steps.append(len(batch.seqs))
+        if len(steps) == 3:
+            raise RuntimeError("boom")
+        return real_execute(batch)
+
+    monkeypatch.setattr(llm.engine.runner, "execute", execute)
+    with pytest.raises(StepFailedError) as info:
+        llm.generate(prompts[:3], GREEDY)
+    assert len(info.value.request_ids) == steps[2] and isinstance(info.value.__cause__,
+                                                                   RuntimeError)
+    assert_pool_drained(llm)  # the call's requests are gone, their KV blocks free
+    monkeypatch.undo()
+    assert_matches(llm.generate(prompts[:2], GREEDY), reference[:2])
 
 
 # --------------------------------------------------------------------------- bad input

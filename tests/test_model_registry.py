@@ -27,6 +27,15 @@ class FakeModel:
     spec: ModelSpec
     memory_bytes: int
     closed: bool = False
+    dead: bool = False
+    failed_lately: bool = False
+
+    @property
+    def degraded(self) -> bool:
+        return self.dead or self.failed_lately
+
+    def mark_degraded(self) -> None:
+        self.failed_lately = True
 
     def close(self) -> None:
         self.closed = True
@@ -111,3 +120,57 @@ def test_unknown_and_planning_only_models_raise_typed_errors():
         asyncio.run(_use(registry, "nope"))
     with pytest.raises(ModelUnavailableError):
         asyncio.run(_use(registry, "plan"))
+
+
+def test_a_dead_model_is_dropped_and_loaded_again_by_the_next_request():
+    builder = Builder()
+    registry = _registry(100, builder)
+
+    async def main():
+        first = await _use(registry, "a")
+        await _use(registry, "b")
+        assert registry.degraded() == []
+        first.dead = True
+        assert registry.degraded() == ["a"]  # dead, not yet rebuilt
+        assert await _use(registry, "b") is not first  # other models are untouched
+        second = await _use(registry, "a")
+        assert second is not first and first.closed and not second.closed
+        assert builder.calls == ["a", "b", "a"] and registry.num_loads == 3
+        # The new one is degraded until it has worked (its engine clears that).
+        assert second.failed_lately and registry.degraded() == ["a"]
+        second.failed_lately = False
+        assert registry.degraded() == []
+        assert await _use(registry, "a") is second
+
+    asyncio.run(main())
+
+
+def test_a_dead_model_that_fails_to_load_again_keeps_the_node_degraded():
+    registry = _registry(100, Builder())
+
+    async def main():
+        (await _use(registry, "a")).dead = True
+        registry._build = _failing_build
+        with pytest.raises(RuntimeError):
+            await _use(registry, "a")
+        assert registry.degraded() == ["a"] and "a" not in registry.loaded()
+        registry._build = Builder()
+        assert (await _use(registry, "a")).failed_lately
+
+    asyncio.run(main())
+
+
+def test_an_evicted_dead_model_is_simply_gone():
+    registry = _registry(80, Builder())
+
+    async def main():
+        (await _use(registry, "a")).dead = True
+        await _use(registry, "b")
+        await _use(registry, "c")  # evicts a, the least recently used
+        assert "a" not in registry.loaded() and registry.degraded() == []
+
+    asyncio.run(main())
+
+
+def _failing_build(spec: ModelSpec) -> FakeModel:
+    raise RuntimeError("load failed")

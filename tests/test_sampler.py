@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
-from runtime.engine.sampling_params import MAX_SEED, SamplingParams
+from runtime.engine.sampling_params import (
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
 from runtime.engine.sequence import Sequence
 from runtime.errors import InvalidInputError
 
@@ -229,6 +234,55 @@ def test_sampler_applies_penalties_before_greedy() -> None:
     assert sampler(logits, [seq]) == [4]
 
 
+def _model_logits(seed: int, rows: int = 1) -> torch.Tensor:
+    """Logits as the model hands them over: made under inference mode."""
+    with torch.inference_mode():
+        return random_logits(seed, rows)
+
+
+def _reference_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """HF's RepetitionPenaltyLogitsProcessor (over prompt and output), then OpenAI's
+    frequency/presence formula (over output only), on a copy."""
+    transformers = pytest.importorskip("transformers")
+    p = seq.params
+    out = logits.clone().unsqueeze(0)
+    if p.repetition_penalty != 1.0:
+        processor = transformers.RepetitionPenaltyLogitsProcessor(float(p.repetition_penalty))
+        out = processor(torch.tensor([seq.token_ids]), out)
+    for token in set(seq.output_token_ids):
+        count = seq.output_token_ids.count(token)
+        out[0, token] -= count * p.frequency_penalty + p.presence_penalty
+    return out[0]
+
+
+_PENALTIES = [
+    {"repetition_penalty": 1.3}, {"repetition_penalty": 0.7}, {"frequency_penalty": 0.8},
+    {"presence_penalty": -1.2}, {"frequency_penalty": 1.5, "presence_penalty": 0.5},
+    {"repetition_penalty": 1.8, "frequency_penalty": -0.4, "presence_penalty": 2.0},
+]
+
+
+@pytest.mark.parametrize("penalties", _PENALTIES)
+@pytest.mark.parametrize("sampling", [{"temperature": 0},
+                                      {"temperature": 0.8, "top_k": 20, "top_p": 0.9}])
+def test_penalties_on_model_logits_match_the_reference(penalties: dict, sampling: dict) -> None:
+    # Regression: penalties updated inference tensors in place outside inference mode, and
+    # the step raised. Each row must sample what its reference-penalized logits sample.
+    sampler = Sampler()
+    prompt, output = [0, 4, 4, 9, 17], [9, 9, 23, 4, 31, 31, 31]
+    for seed in range(5):
+        params = SamplingParams(seed=seed, **sampling, **penalties)
+        seqs = [make_seq(params, prompt, output), make_seq(SamplingParams(temperature=0))]
+        logits = _model_logits(seed, rows=2)
+        expected_logits = torch.stack([_reference_penalties(logits[0], seqs[0]), logits[1]])
+        unpenalized = [make_seq(SamplingParams(seed=seed, **sampling), prompt, output),
+                       seqs[1]]
+        assert sampler(expected_logits, unpenalized) == sampler(logits, seqs)
+    # The sampler penalized the model's logits in place (a clone would be a normal tensor).
+    assert torch.allclose(logits[0], expected_logits[0], atol=1e-6)
+    assert not torch.equal(logits[0], _model_logits(seed, rows=2)[0])
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -237,6 +291,7 @@ def test_defaults_validate() -> None:
     SamplingParams(max_tokens=1, temperature=0, top_p=1, top_k=VOCAB, seed=MAX_SEED,
                    repetition_penalty=2, frequency_penalty=-2, presence_penalty=2,
                    stop=["\n"], stop_token_ids=[VOCAB - 1]).validate(VOCAB)
+    SamplingParams(stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS).validate(VOCAB)
     assert SamplingParams(temperature=0).greedy and SamplingParams(top_k=1).greedy
     assert not SamplingParams().greedy and not SamplingParams().has_penalties
 
@@ -262,6 +317,8 @@ def test_defaults_validate() -> None:
     ({"presence_penalty": -2.1}, "presence_penalty"),
     ({"stop": [""]}, "stop"),
     ({"stop": "\n"}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),  # OpenAI's limit is 4
+    ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
     ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
 ])

@@ -8,13 +8,17 @@ import json
 import uuid
 
 import httpx
+import jsonschema_rs
 import pytest
 
+from runtime.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from runtime.node.city import load_city
 from runtime.node.node import EdgeNode
 from runtime.node.settings import NodeSettings
 from runtime.server import create_app
 from runtime.server.catalog_api import model_object
+from runtime.server.generation import TextGenerator
+from runtime.server.metrics import ServerMetrics
 from runtime.weight_precision import compute_precision
 
 API = "/client/v4/accounts/acct/ai"
@@ -272,8 +276,32 @@ def test_models_schema(client):
     _error(client.get(f"{API}/models/schema"), 400, 5006)
 
 
+def test_schema_bounds_stop_strings_as_the_server_does(client):
+    # The node refuses more than 4 stop strings or one over 256 characters (5006, `stop`);
+    # its published schema says the same.
+    result = client.get(f"{API}/models/schema", params={"model": SMOL}).json()["result"]
+    schema = jsonschema_rs.validator_for(result["input"])
+    base = {"prompt": "hi"}
+    assert schema.is_valid(base | {"stop": ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS})
+    assert schema.is_valid(base | {"stop": "x" * MAX_STOP_CHARS})
+    for stop in (["a"] * (MAX_STOP_STRINGS + 1), ["x" * (MAX_STOP_CHARS + 1)],
+                 "x" * (MAX_STOP_CHARS + 1)):
+        assert not schema.is_valid(base | {"stop": stop})
+
+
 def test_openai_model_list_has_runnable_models(client, node):
     body = client.get(f"{API}/v1/models").json()
     assert body["object"] == "list"
     assert {m["id"] for m in body["data"]} == {s.id for s in node.catalog.specs if s.runnable}
     assert {m["owned_by"] for m in body["data"]} >= {"huggingfacetb"}
+
+
+def test_without_a_secret_the_prefix_cache_salt_is_keyed_per_process(node):
+    # Regression: the salt was the bare account id, so on a node that takes any account id
+    # (no secret) anyone could name another tenant's account and probe its prefix cache.
+    assert not node.settings.node_secret
+    first, second = (TextGenerator(node, ServerMetrics(node)) for _ in range(2))
+    salt = first.prefix_cache_salt("acct")
+    assert salt == first.prefix_cache_salt("acct") != first.prefix_cache_salt("other")
+    assert b"acct" not in salt and len(salt) == 32
+    assert salt != second.prefix_cache_salt("acct")  # a key of its own: nobody can compute it

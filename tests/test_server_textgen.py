@@ -147,6 +147,7 @@ def test_responses_name_the_weight_precision_the_catalog_states(server):
     ({"max_tokens": "x"}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
     ({"top_k": -1}, "top_k"), ({"stop": [""]}, "stop"),
     ({"presence_penalty": 3}, "presence_penalty"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stop": "x" * 257}, "stop"),
 ])
 def test_out_of_range_sampling_is_5006(server, inputs, field):
     message = _error(_run(server, prompt="Hi", **inputs), 400, 5006)

@@ -14,7 +14,7 @@ import logging
 from collections import deque
 
 from runtime.engine.compute_thread import ComputeThread
-from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine, StepFailedError
 from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams
 from runtime.engine.sequence import Sequence
@@ -23,11 +23,18 @@ from runtime.errors import EdgefireError, InvalidInputError
 log = logging.getLogger(__name__)
 
 
-class EngineDeadError(EdgefireError):
-    """The step loop stopped on an internal error; requests in flight were failed."""
+class EngineFailedError(EdgefireError):
+    """The engine failed on this request: its step raised, or the engine stopped.
+
+    What went wrong is logged on the node with its traceback; clients only learn that it
+    was internal (exception text can show paths, shapes or other tenants' state).
+    """
 
     code = 3043
     status = 500
+
+    def __init__(self) -> None:
+        super().__init__("Internal server error")
 
 
 class AsyncEngine:
@@ -37,6 +44,9 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = False
         self._error: BaseException | None = None
+        # Set by the compute thread when a step fails, cleared by its next successful step;
+        # read from any thread (a bool is written and read whole).
+        self._step_failed = False
         self._owns_compute = compute is None
         self._compute = compute or ComputeThread("edgefire-engine")
         self._compute.attach(self)
@@ -48,7 +58,7 @@ class AsyncEngine:
         Closing the stream before it finishes (a client disconnect) aborts the request.
         """
         if self._error is not None or self._stopped:
-            raise EngineDeadError("the engine is not running")
+            raise EngineFailedError()
         if request_id in self._streams:
             raise InvalidInputError(f"request id {request_id!r} is already running",
                                     field="request_id")
@@ -73,6 +83,20 @@ class AsyncEngine:
             self._compute.shutdown()
 
     @property
+    def dead(self) -> bool:
+        """The engine stopped on a failure it could not contain: it serves no more."""
+        return self._error is not None
+
+    @property
+    def degraded(self) -> bool:
+        """Dead, or a step failed and none has succeeded since."""
+        return self.dead or self._step_failed
+
+    def mark_degraded(self) -> None:
+        """This engine replaces one that died: degraded until a step of its own succeeds."""
+        self._step_failed = True
+
+    @property
     def num_waiting(self) -> int:
         """Requests not yet running: queued in the scheduler or still in the command queue."""
         return max(0, len(self._streams) - len(self.engine.scheduler.running))
@@ -87,16 +111,27 @@ class AsyncEngine:
 
     def run_once(self) -> None:
         self._drain_commands()
-        if self.engine.has_unfinished():
-            for output in self.engine.step():
-                self._deliver(output.request_id, output)
+        if not self.engine.has_unfinished():
+            return
+        try:
+            outputs = self.engine.step()
+        except StepFailedError as exc:  # only that step's requests are lost
+            log.exception("a step failed; failing its %d request(s), the others go on",
+                          len(exc.request_ids))
+            self._step_failed = True
+            for request_id in exc.request_ids:
+                self._deliver(request_id, EngineFailedError())
+            return
+        self._step_failed = False
+        for output in outputs:
+            self._deliver(output.request_id, output)
 
     def fail(self, exc: BaseException) -> None:
-        """A step raised: fail every request in flight rather than hang its client."""
+        """The engine could not go on (the compute thread logged why and detached it): fail
+        every request in flight rather than hang its client. The node builds a new one."""
         self._error = exc
-        dead = EngineDeadError(f"engine failed: {exc}")
         for request_id in list(self._streams):
-            self._deliver(request_id, dead)
+            self._deliver(request_id, EngineFailedError())
 
     def _drain_commands(self) -> None:
         while self._commands:

@@ -13,7 +13,7 @@ from runtime.engine.outputs import RequestOutput
 from runtime.engine.precision import Precision
 from runtime.engine.sampler import Sampler
 from runtime.engine.sampling_params import SamplingParams
-from runtime.engine.scheduler import Scheduler, SchedulerConfig
+from runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from runtime.engine.sequence import Sequence
 from runtime.errors import ContextLengthError, InvalidInputError
 from runtime.plugins import load_plugins
@@ -35,6 +35,15 @@ class EngineConfig:
     @property
     def precision(self) -> Precision:
         return Precision.parse(self.dtype, self.auto_bfloat16_min_tokens)
+
+
+class StepFailedError(RuntimeError):
+    """A step raised (the cause is chained). Its requests were dropped, their KV freed; the
+    engine is consistent and goes on with the others."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        super().__init__(f"a step failed; dropped its {len(request_ids)} request(s)")
+        self.request_ids = request_ids
 
 
 class LLMEngine:
@@ -114,9 +123,23 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
+        """Run one step. If running the batch raises, its requests are dropped and
+        StepFailedError names them; a failure anywhere else (scheduling, or dropping them)
+        leaves the engine in an unknown state and propagates as it is."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        try:
+            return self._run(batch)
+        except Exception as exc:
+            # Each sequence is finished whole: KV written this step belongs to its own blocks
+            # (shared prefix blocks are never written) and is freed with them.
+            request_ids = [seq.request_id for seq in batch.seqs]
+            for request_id in request_ids:
+                self.abort(request_id)
+            raise StepFailedError(request_ids) from exc
+
+    def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
         sample_seqs, logits = self.runner.execute(batch)
         tokens = self.sampler(logits, sample_seqs)
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):

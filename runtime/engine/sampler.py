@@ -12,7 +12,10 @@ from runtime.engine.sequence import Sequence
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
-    """Repetition (over prompt and output, HF style) and OpenAI frequency/presence, in place."""
+    """Repetition (over prompt and output, HF style) and OpenAI frequency/presence, in place.
+
+    Logits the model made are inference tensors: call this under torch.inference_mode().
+    """
     p = seq.params
     if p.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
@@ -41,6 +44,9 @@ def top_k_top_p_mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Te
 
 
 class Sampler:
+    # The model makes its logits under inference mode, and inference tensors may be updated in
+    # place only under inference mode: the penalties below do exactly that, row by row.
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of logits [num_seqs, vocab] (float32, modified in place)."""
         for row, seq in enumerate(seqs):

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from runtime.errors import InvalidInputError
 
 MAX_SEED = 2**63 - 1
+# OpenAI's limit on stop sequences. Each one's length bounds how much text a stream holds back
+# (it could be the start of a stop string) and what every new token rescans; 256 characters
+# is far beyond a real stop marker (`</answer>`, a chat turn tag) and keeps both small.
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
 
 
 @dataclass(slots=True)
@@ -52,8 +57,10 @@ class SamplingParams:
                "frequency_penalty", "must be between -2 and 2")
         _check(_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
                "presence_penalty", "must be between -2 and 2")
-        _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
-               "stop", "must be a list of non-empty strings")
+        _check(isinstance(self.stop, list) and len(self.stop) <= MAX_STOP_STRINGS
+               and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in self.stop),
+               "stop", f"must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
+               f"{MAX_STOP_CHARS} characters")
         _check(isinstance(self.stop_token_ids, list)
                and all(_integer(t) and 0 <= t < vocab_size for t in self.stop_token_ids),
                "stop_token_ids", f"must be token ids below {vocab_size}")

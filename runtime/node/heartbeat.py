@@ -3,13 +3,17 @@
 The gateway routes only to nodes it has heard from recently, so a node that stops (or cannot
 reach the gateway) drops out of routing on its own. Failures never stop the node: they are
 logged at most once a minute and the next beat simply tries again.
+
+Beats go out from a thread of their own with a blocking client, not from the event loop: a
+loop kept busy (a burst of large requests) must not make a live node look dead. The thread
+reads node state that the event loop and the compute thread change; what it reads is either
+taken under the registry's lock or read whole (ints, list lengths).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import threading
 import time
 
 import httpx
@@ -34,8 +38,8 @@ class HeartbeatSender:
         self.public_url = public_url
         self.interval_s = interval_s
         self.headers = {SECRET_HEADER: secret} if secret else {}
-        self._client: httpx.AsyncClient | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self._last_warning = -WARN_EVERY_S
         self._failing = False
 
@@ -48,19 +52,22 @@ class HeartbeatSender:
         public_url = s.public_url or f"http://127.0.0.1:{node.city.port}"
         return cls(node, s.gateway_url, public_url, s.heartbeat_interval_s, s.node_secret)
 
-    async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
-        self._task = asyncio.create_task(self._run(), name=f"heartbeat-{self.node.city.code}")
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"heartbeat-{self.node.city.code}")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating; waits for a beat in flight (at most REQUEST_TIMEOUT_S). Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=REQUEST_TIMEOUT_S + 1)
+            self._thread = None
 
     def payload(self) -> dict:
         city = self.node.city
@@ -79,18 +86,19 @@ class HeartbeatSender:
             "accelerator_bytes": city.declared_accelerator_bytes,
             "loaded_models": self.node.registry.loaded(),
             "running": running, "waiting": waiting, "kv_usage": kv_usage,
+            # "degraded": a model failed lately (see EdgeNode.health); the node still serves.
+            "status": "degraded" if self.node.registry.degraded() else "ok",
         }
 
-    async def _run(self) -> None:
-        while True:
-            await self._beat()
-            await asyncio.sleep(self.interval_s)
+    def _run(self) -> None:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            while not self._stop.is_set():
+                self._beat(client)
+                self._stop.wait(self.interval_s)
 
-    async def _beat(self) -> None:
-        assert self._client is not None
+    def _beat(self, client: httpx.Client) -> None:
         try:
-            response = await self._client.post(self.url, json=self.payload(),
-                                               headers=self.headers)
+            response = client.post(self.url, json=self.payload(), headers=self.headers)
             response.raise_for_status()
         # Anything (a refused connection, a 500, a bug in reading engine state) must not end
         # the loop: a node that stops beating silently drops out of routing.

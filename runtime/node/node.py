@@ -42,10 +42,20 @@ class EdgeNode:
         self.compute.shutdown()
 
     def health(self) -> dict:
+        """What GET /health shows; safe to call from any thread.
+
+        `status` is "starting" until ready, then "degraded" while a model failed lately (its
+        engine died, or a step failed and none has succeeded since; ids in
+        `degraded_models`), else "ok". A degraded node still serves: its other models are
+        fine and a dead engine is rebuilt by the next request for it.
+        """
+        degraded = self.registry.degraded()
+        status = "starting" if not self.ready else "degraded" if degraded else "ok"
         return {
-            "status": "ok" if self.ready else "starting",
+            "status": status,
             "city": self.city.code,
             "loaded_models": self.registry.loaded(),
             "memory_budget_bytes": self.registry.budget_bytes,
             "memory_used_bytes": self.registry.used_bytes,
+            "degraded_models": degraded,
         }

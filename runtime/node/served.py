@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from tokenizers import decoders
 
 from runtime.catalog import ModelSpec
 from runtime.engine.async_engine import AsyncEngine
@@ -25,10 +28,22 @@ class TextModel:
     max_model_len: int
     memory_bytes: int
     weight_precision: str  # the loaded model's own (runtime.weight_precision)
+    max_token_chars: int | None  # longest_token_chars(tokenizer)
 
     @property
     def num_waiting(self) -> int:
         return self.engine.num_waiting
+
+    @property
+    def dead(self) -> bool:
+        return self.engine.dead
+
+    @property
+    def degraded(self) -> bool:
+        return self.engine.degraded
+
+    def mark_degraded(self) -> None:
+        self.engine.mark_degraded()
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -43,8 +58,32 @@ class EmbeddingServed:
     memory_bytes: int
     weight_precision: str
 
+    # A failed embedding batch fails only its own requests: the embedder never dies.
+    dead: ClassVar[bool] = False
+    degraded: ClassVar[bool] = False
+
+    def mark_degraded(self) -> None:
+        """Never called: only a dead model is rebuilt, and an embedder does not die."""
+
     def close(self) -> None:
         self.embedder.close()
+
+
+def longest_token_chars(tokenizer: Tokenizer) -> int | None:
+    """The most characters of text one token can stand for; None if that is not bounded.
+
+    Byte-level BPE covers every byte of a text with exactly one token (an added token, such as
+    `<|im_start|>`, matches its own text whole). A vocabulary token's string is written one
+    character per byte, so it covers at most len(token) bytes, hence at most len(token)
+    characters (a character is one to four bytes). So a text of N characters has at least
+    ceil(N / L) tokens, L the longest token string, added ones included: SmolLM2's is 81.
+    Other tokenizers may drop text (a whitespace split) or shrink it first (a normalizer such
+    as NFKC), so they get no bound.
+    """
+    hf = tokenizer.hf_tokenizer
+    if hf.normalizer is not None or not isinstance(hf.decoder, decoders.ByteLevel):
+        return None
+    return max(map(len, hf.get_vocab(with_added_tokens=True)))
 
 
 def build_served_model(spec: ModelSpec, settings: NodeSettings,
@@ -58,7 +97,8 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings,
         engine, loaded = build_engine(spec, config)
         memory = loaded.model.weight_bytes + engine.runner.kv_cache.nbytes
         return TextModel(spec, AsyncEngine(engine, compute), loaded.tokenizer,
-                         engine.config.max_model_len, memory, loaded.model.weight_precision)
+                         engine.config.max_model_len, memory, loaded.model.weight_precision,
+                         longest_token_chars(loaded.tokenizer))
     if spec.task == TEXT_EMBEDDINGS:
         from runtime.embeddings import AsyncEmbedder
         from runtime.engine.precision import Precision

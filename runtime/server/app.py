@@ -7,7 +7,10 @@ Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node sec
   POST API/v1/chat/completions     OpenAI chat completions (bare OpenAI bodies and errors)
   POST API/v1/embeddings           OpenAI embeddings
   GET  API/v1/models               OpenAI model list (runnable models)
-  GET  /health                     503 until the node is ready, then node.health()
+  GET  /health                     503 until the node is ready, then node.health(): 200 with
+                                   status "ok", or "degraded" while a model failed lately (the
+                                   node stays routable: its other models serve, and a dead
+                                   engine is rebuilt by the next request for its model)
   GET  /metrics                    Prometheus text (names in runtime.server.metrics)
 Health and metrics need no secret: load balancers and scrapers probe them. Every inference
 response names the model's weight precision in x-edgefire-weight-precision.
@@ -15,6 +18,7 @@ response names the model's weight precision in x-edgefire-weight-precision.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -66,12 +70,12 @@ def create_app(node: EdgeNode) -> Starlette:
         node.start()
         heartbeat = HeartbeatSender.from_node(node)
         if heartbeat is not None:
-            await heartbeat.start()
+            heartbeat.start()
         try:
             yield
         finally:
             if heartbeat is not None:
-                await heartbeat.stop()
+                await asyncio.to_thread(heartbeat.stop)  # joins its thread: off the loop
             node.stop()
 
     handlers = {EdgefireError: handle_error, HTTPException: handle_error}

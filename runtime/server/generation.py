@@ -6,11 +6,17 @@ they shape the outputs.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
+
+from starlette.types import Receive
 
 from runtime.catalog import ModelSpec
 from runtime.engine.outputs import RequestOutput, Usage
@@ -18,6 +24,7 @@ from runtime.engine.sampling_params import SamplingParams
 from runtime.node.model_registry import CapacityError
 from runtime.node.node import EdgeNode
 from runtime.node.served import TextModel
+from runtime.server.disconnect import unless_disconnected
 from runtime.server.errors import BUSY_MESSAGE, time_limit
 from runtime.server.metrics import RequestTimer, ServerMetrics
 from runtime.server.prompts import PromptInput, encode_prompt
@@ -97,6 +104,20 @@ class TextGenerator:
     def __init__(self, node: EdgeNode, metrics: ServerMetrics) -> None:
         self.node = node
         self.metrics = metrics
+        # Keys the prefix-cache salt when the node has no secret; see prefix_cache_salt.
+        self._process_key = secrets.token_bytes(32)
+
+    def prefix_cache_salt(self, account_id: str) -> bytes:
+        """The per-account salt of the prefix-cache hash chain: HMAC-SHA256 of the account id.
+
+        A bare account id is a salt anyone can reproduce: with a node that takes any account
+        id (no secret), a caller naming another tenant's account would share its cache and
+        learn from `cached_tokens` (or timing) what that tenant sent. Keyed with the node
+        secret, or failing that a key that never leaves this process, it cannot be forged.
+        """
+        secret = self.node.settings.node_secret
+        key = secret.encode() if secret else self._process_key
+        return hmac.new(key, account_id.encode(), hashlib.sha256).digest()
 
     async def start(self, account_id: str, spec: ModelSpec, prompt: PromptInput,
                     params: list[SamplingParams], reject_if_busy: bool) -> Generation:
@@ -107,10 +128,12 @@ class TextGenerator:
             served = await stack.enter_async_context(self.node.registry.use(spec.id))
             if reject_if_busy and served.num_waiting >= self.node.settings.max_waiting_requests:
                 raise CapacityError(BUSY_MESSAGE)
-            prompt_ids = encode_prompt(served.tokenizer, prompt)
+            # Off the event loop (a big prompt takes a while; the tokenizer releases the GIL)
+            # and off the compute thread, which runs the engine steps.
+            prompt_ids = await asyncio.to_thread(encode_prompt, served.tokenizer, prompt,
+                                                 served.max_model_len, served.max_token_chars)
             generation = Generation(served, stack)
-            # The salt keeps one account's prefix cache out of another's reach.
-            salt = account_id.encode()
+            salt = self.prefix_cache_salt(account_id)
             for p in params:
                 timer = self.metrics.timer(spec.id, started)
                 timer.num_prompt_tokens = len(prompt_ids)
@@ -122,9 +145,16 @@ class TextGenerator:
             raise
         return generation
 
-    async def complete(self, account_id: str, spec: ModelSpec, prompt: PromptInput,
-                       params: list[SamplingParams], reject_if_busy: bool) -> Completed:
-        """Run to the end within the node's request timeout (3007 past it, aborting)."""
+    async def complete(self, receive: Receive, account_id: str, spec: ModelSpec,
+                       prompt: PromptInput, params: list[SamplingParams],
+                       reject_if_busy: bool) -> Completed:
+        """Run to the end within the node's request timeout (3007 past it, aborting), unless
+        the client (`receive` is its request's) goes away first: then abort at once."""
+        return await unless_disconnected(
+            receive, self._complete(account_id, spec, prompt, params, reject_if_busy))
+
+    async def _complete(self, account_id: str, spec: ModelSpec, prompt: PromptInput,
+                        params: list[SamplingParams], reject_if_busy: bool) -> Completed:
         async with time_limit(self.node.settings.request_timeout_s):
             generation = await self.start(account_id, spec, prompt, params, reject_if_busy)
             try:

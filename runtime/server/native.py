@@ -20,7 +20,7 @@ from runtime.server.prompts import prompt_input
 from runtime.server.sse import EventStream
 from runtime.weight_precision import PRECISION_HEADER
 
-_Handler = Callable[[str, ModelSpec, dict[str, Any]], Awaitable[Response]]
+_Handler = Callable[[Request, ModelSpec, dict[str, Any]], Awaitable[Response]]
 
 
 class WorkersAIRoutes:
@@ -35,9 +35,10 @@ class WorkersAIRoutes:
         name = request.path_params["model"]
         spec = find_model(self.node.catalog, name, self._by_task)
         body = await read_json(request, self.node.settings.max_request_bytes)
-        return await self._by_task[spec.task](request.path_params["account_id"], spec, body)
+        return await self._by_task[spec.task](request, spec, body)
 
-    async def _generate(self, account_id: str, spec: ModelSpec, body: dict[str, Any]) -> Response:
+    async def _generate(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
+        account_id = request.path_params["account_id"]
         prompt = prompt_input(body)
         params = [sampling_params(body, ("max_tokens",))]
         busy = reject_if_busy(body)
@@ -45,12 +46,13 @@ class WorkersAIRoutes:
             generation = await self.text.start(account_id, spec, prompt, params, busy)
             return EventStream(_events(generation), generation.close, openai=False,
                                headers={PRECISION_HEADER: generation.weight_precision})
-        completed = await self.text.complete(account_id, spec, prompt, params, busy)
+        completed = await self.text.complete(request.receive, account_id, spec, prompt, params,
+                                             busy)
         [done] = completed.choices
         return success({"response": done.text, "usage": usage_json([done.usage])},
                        headers={PRECISION_HEADER: completed.weight_precision})
 
-    async def _embed(self, account_id: str, spec: ModelSpec, body: dict[str, Any]) -> Response:
+    async def _embed(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
         texts = texts_input(body.get("text"), "text")
         pooling = spec.extra.get("pooling", "mean")
         if optional(body, "pooling", str, pooling) != pooling:

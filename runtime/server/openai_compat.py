@@ -59,7 +59,7 @@ class OpenAIRoutes:
             head["system_fingerprint"] = fingerprint(precision)
             return EventStream(_chunks(generation, head, include_usage), generation.close,
                                openai=True, headers={PRECISION_HEADER: precision})
-        done = await self.text.complete(account_id, spec, prompt, params, busy)
+        done = await self.text.complete(request.receive, account_id, spec, prompt, params, busy)
         head["system_fingerprint"] = fingerprint(done.weight_precision)
         return JSONResponse(_completion(head, done.choices),
                             headers={PRECISION_HEADER: done.weight_precision})

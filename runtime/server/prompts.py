@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import InvalidInputError
+from runtime.errors import ContextLengthError, InvalidInputError
 from runtime.server.inputs import optional
 from runtime.tokenizer import Tokenizer
 
@@ -33,17 +33,43 @@ def prompt_input(body: dict[str, Any], *, allow_prompt: bool = True) -> PromptIn
     return PromptInput(messages=_messages(body["messages"]), raw=raw)
 
 
-def encode_prompt(tokenizer: Tokenizer, request: PromptInput) -> list[int]:
-    """Token ids to generate from; a bare prompt is templated as one user turn, as Workers AI."""
+def encode_prompt(tokenizer: Tokenizer, request: PromptInput, max_model_len: int,
+                  max_token_chars: int | None) -> list[int]:
+    """Token ids to generate from; a bare prompt is templated as one user turn, as Workers AI.
+
+    Blocking (a megabyte takes a third of a second): call it off the event loop. A text that
+    cannot fit the context window is refused (3010) before it is tokenized, by its length:
+    no token stands for more than max_token_chars characters (None: no such bound).
+    """
     template = tokenizer.chat_template
     if request.raw or template is None:
         text = request.prompt
         if text is None:
             text = "\n".join(m["content"] for m in request.messages)
-        return tokenizer.encode(text)
-    messages = request.messages or [{"role": "user", "content": request.prompt}]
-    # The template writes any special tokens itself (as HF apply_chat_template assumes).
-    return tokenizer.encode(template.render(messages), add_special_tokens=False)
+        add_special_tokens = True
+    else:
+        messages = request.messages or [{"role": "user", "content": request.prompt}]
+        # The template writes any special tokens itself (as HF apply_chat_template assumes).
+        text, add_special_tokens = template.render(messages), False
+    # The rendered text, not the input: a template may trim or add text.
+    if max_token_chars is not None:
+        at_least = -(-len(text) // max_token_chars)
+        if at_least >= max_model_len:
+            raise ContextLengthError(
+                f"prompt has at least {at_least} tokens; the model's context window is "
+                f"{max_model_len} tokens", field="prompt")
+    if not text.isascii():
+        _check_unicode(text, "prompt" if request.messages is None else "messages")
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _check_unicode(text: str, field: str) -> None:
+    # JSON may carry a lone surrogate ("\ud800"), which no UTF-8 tokenizer takes.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{field} is not valid Unicode (it has a lone surrogate)",
+                                field=field) from None
 
 
 def _messages(value: object) -> list[dict[str, Any]]:

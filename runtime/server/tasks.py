@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from runtime.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
 
 
@@ -39,6 +40,8 @@ _MESSAGE = {
     },
 }
 
+_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+
 _GENERATION_OPTIONS = {
     "raw": {"type": "boolean", "default": False, "description": "skip the chat template"},
     "stream": {"type": "boolean", "default": False,
@@ -51,8 +54,7 @@ _GENERATION_OPTIONS = {
     "repetition_penalty": _number(0, 2, exclusive_low=True),
     "frequency_penalty": _number(-2, 2),
     "presence_penalty": _number(-2, 2),
-    "stop": {"oneOf": [{"type": "string", "minLength": 1},
-                       {"type": "array", "items": {"type": "string", "minLength": 1}}]},
+    "stop": {"oneOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}]},
 }
 
 
