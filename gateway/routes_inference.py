@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.disconnect import unless_client_leaves
 from gateway.errors import NotFoundError
 from gateway.gateways import GatewayConfig
 from gateway.pipeline import MAX_STEPS, GatewayRequest, Step
@@ -18,6 +17,7 @@ from gateway.retries import RetryPolicy
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
 from runtime.server.catalog_api import CatalogRoutes, openai_model_list
+from runtime.server.disconnect import unless_disconnected
 from runtime.server.inputs import parse_json, read_body
 
 WORKERS_AI = "workers-ai"
@@ -119,7 +119,7 @@ class InferenceRoutes:
                       request_type: str, steps: list[Step], universal: bool = False) -> Response:
         call = GatewayRequest(account_id, gateway, request.url.path, request_type, steps,
                               universal)
-        return await unless_client_leaves(request.receive, self.state.pipeline.handle(call))
+        return await unless_disconnected(request.receive, self.state.pipeline.handle(call))
 
     def _account(self, request: Request) -> str:
         account_id = request.path_params["account_id"]
