@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgefire-installed
+KERNEL_STAMP := $(VENV)/.edgefire-kernels
+KERNELS := $(wildcard models/attention/*.cpp plugins/unweight/*.cpp)
 CITY ?= fra
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
@@ -20,7 +22,12 @@ $(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	$(PY) -m pip install -q --no-deps -e tests/plugins/edgefire_dummy
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The native CPU kernels compile here, once (about a minute), not on a user's first request.
+$(KERNEL_STAMP): $(STAMP) $(KERNELS)
+	$(VENV)/bin/edgefire build-kernels
+	touch $(KERNEL_STAMP)
+
+setup: $(STAMP) $(KERNEL_STAMP)
 
 run: setup
 	$(VENV)/bin/edge-gateway dev --city $(CITY)

@@ -1,10 +1,18 @@
-"""Builds this project's small C++ extensions on first use (torch caches them across runs)."""
+"""This project's small C++ extensions: declared by the modules that use them, built once at
+setup (`edgefire build-kernels`, which `make run`/`make test` run) or else on first use.
+
+Each build is named by a digest of its source's path and text, the flags and torch's version,
+so two checkouts on one machine (a CI clone beside a working copy) keep separate builds
+instead of rebuilding each other's on every switch, and an edited kernel never loads stale.
+"""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -12,19 +20,53 @@ log = logging.getLogger(__name__)
 
 # -march=native for AVX-512 where present; AMX explicitly off: some VMs advertise it but fault.
 _FLAGS = ["-O3", "-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16", "-fopenmp"]
+_DECLARED: dict[str, Path] = {}
+_unavailable: list[str] = []  # kernels that failed to build in this process
+
+
+def native_kernel(name: str, source: Path) -> Callable[[], ModuleType | None]:
+    """Declare a kernel (so setup can prebuild it) and return its loader."""
+    _DECLARED[name] = source
+    return functools.partial(load_native, name, source)
+
+
+def declared_kernels() -> dict[str, Path]:
+    """The kernels declared by the modules imported so far, by name."""
+    return dict(_DECLARED)
 
 
 @functools.cache
 def load_native(name: str, source: Path) -> ModuleType | None:
-    """The compiled module, or None (logged) where there is no compiler or
-    EDGEFIRE_NATIVE_KERNELS=0: callers keep a pure torch/numpy path."""
+    """The compiled module, or None where there is no compiler or EDGEFIRE_NATIVE_KERNELS=0:
+    callers keep a pure torch/numpy path."""
     if os.environ.get("EDGEFIRE_NATIVE_KERNELS", "1") == "0":
         return None
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name=name, sources=[str(source)], extra_cflags=_FLAGS,
+        return load(name=build_name(name, source), sources=[str(source)], extra_cflags=_FLAGS,
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # a missing compiler must not stop the node
-        log.warning("native extension %s unavailable (%s); using the fallback path", name, exc)
+        _fallback_notice(name, exc)
         return None
+
+
+def build_name(name: str, source: Path) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (str(source.resolve()).encode(), source.read_bytes(), " ".join(_FLAGS).encode(),
+                 torch.__version__.encode()):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return f"{name}_{digest.hexdigest()[:12]}"
+
+
+def _fallback_notice(name: str, exc: Exception) -> None:
+    # Said once per process, at warning level: a user should know why it is slower, not be
+    # told three times.
+    if not _unavailable:
+        log.warning("native kernels unavailable (%s: %s); using the slower torch fallback "
+                    "paths", name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    else:
+        log.debug("native kernel %s unavailable too: %s", name, exc)
+    _unavailable.append(name)

@@ -74,6 +74,25 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_kernels(args: argparse.Namespace) -> int:
+    import models.attention.cpu_kernels  # noqa: F401  (declares its kernel)
+    from models.native import declared_kernels, load_native
+    from runtime.plugins import load_plugins
+
+    load_plugins()  # the built-in plugins declare theirs
+    failed = 0
+    for name, source in declared_kernels().items():
+        print(f"edgefire: native kernel {name} ...", end=" ", flush=True)
+        started = time.perf_counter()
+        built = load_native(name, source) is not None
+        failed += not built
+        print(f"{'ready' if built else 'UNAVAILABLE'} ({time.perf_counter() - started:.1f}s)",
+              flush=True)
+    if failed:
+        print("edgefire: the torch fallback paths will be used instead (slower)", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgefire")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("models", help="list the catalog").set_defaults(func=_models)
     sub.add_parser("plugins", help="list loaded plugins and what each registers").set_defaults(
         func=_plugins)
+    sub.add_parser("build-kernels", help="compile the native CPU kernels now (setup does)"
+                   ).set_defaults(func=_build_kernels)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,21 +1,16 @@
-"""The native Unweight kernels (built on first use)."""
+"""The native Unweight kernels (built at setup, or on first use)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
-from models.native import load_native
+from models.native import native_kernel
 
 _HERE = Path(__file__).parent
 
+# The compiled decoder, or None: decoding then uses the numpy lockstep decoder.
+decoder = native_kernel("edgefire_unweight_decode", _HERE / "unweight_decode.cpp")
 
-def decoder() -> ModuleType | None:
-    """The compiled decoder, or None: decoding then uses the numpy lockstep decoder."""
-    return load_native("edgefire_unweight_decode", _HERE / "unweight_decode.cpp")
-
-
-def resident_kernels() -> ModuleType | None:
-    """The inference-form matvec and row decoder, or None: resident weights then decode with
-    torch before each matmul."""
-    return load_native("edgefire_unweight_resident", _HERE / "resident_kernels.cpp")
+# The inference-form matvec and row decoder, or None: resident weights then decode with torch
+# before each matmul.
+resident_kernels = native_kernel("edgefire_unweight_resident", _HERE / "resident_kernels.cpp")

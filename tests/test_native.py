@@ -1,0 +1,30 @@
+"""Native kernels: builds keyed so checkouts never evict each other; setup prebuilds them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from models.native import build_name
+
+
+def test_build_names_differ_by_checkout_and_by_source(tmp_path):
+    one, two = tmp_path / "a" / "k.cpp", tmp_path / "b" / "k.cpp"
+    for path in (one, two):
+        path.parent.mkdir()
+        path.write_text("int f() { return 1; }\n")
+    assert build_name("k", one) == build_name("k", one)
+    assert build_name("k", one) != build_name("k", two)  # same text, another checkout
+    before = build_name("k", one)
+    one.write_text("int f() { return 2; }\n")
+    assert build_name("k", one) != before  # an edit never loads a stale build
+    assert before.startswith("k_")
+
+
+def test_build_kernels_prebuilds_every_declared_kernel():
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "build-kernels"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for name in ("edgefire_paged_decode", "edgefire_unweight_decode",
+                 "edgefire_unweight_resident"):
+        assert f"native kernel {name} ... ready" in done.stdout
