@@ -35,7 +35,9 @@ def ensure_dev_account(db: Database, dev_file: Path) -> dict:
     return saved
 
 
-def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file: Path) -> int:
+def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file: Path,
+                  node_port: int | None = None) -> int:
+    """Serve the gateway; its nodes listen on their cities' ports, or from node_port on."""
     import uvicorn
 
     from gateway.app import create_app
@@ -48,8 +50,9 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
         settings.node_secret = secrets.token_urlsafe(24)  # gateway and its nodes share it
     base = f"http://{settings.gateway_host}:{settings.gateway_port}"
     env = {**os.environ, "EDGEFIRE_GATEWAY_URL": base, "EDGEFIRE_NODE_SECRET": settings.node_secret}
-    nodes = [subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start", "--city", city],
-                              env=env) for city in cities or ["fra"]]
+    nodes = [subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start", "--city", city,
+                               *(["--port", str(node_port + i)] if node_port else [])], env=env)
+             for i, city in enumerate(cities or ["fra"])]
     _banner(base, dev)
     try:
         uvicorn.run(create_app(GatewayState.build(settings)), host=settings.gateway_host,
