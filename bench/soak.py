@@ -120,13 +120,18 @@ async def _load(fleet: Fleet, args: argparse.Namespace) -> tuple[list[Outcome], 
     return outcomes, rss, wall
 
 
-def _rss_summary(samples: list[tuple[float, float]], warmup_s: float) -> dict:
+def _rss_summary(samples: list[tuple[float, float]], warmup_s: float,
+                 points: int = 20) -> dict:
+    """RSS after warm-up, at the end, and the growth between; a coarse timeline (every
+    1/points of the run) shows whether it levels off or keeps climbing."""
     if not samples:
         return {"after_warmup": None, "end": None, "max": None, "growth_pct": None}
     after = next((v for t, v in samples if t >= warmup_s), samples[-1][1])
     end = samples[-1][1]
+    step = max(1, len(samples) // points)
     return {"after_warmup": after, "end": end, "max": max(v for _, v in samples),
-            "growth_pct": round((end - after) / after * 100, 2)}
+            "growth_pct": round((end - after) / after * 100, 2),
+            "timeline": [[round(t), v] for t, v in samples[::step]]}
 
 
 def _settle(fleet: Fleet, baseline: int, timeout_s: float,
