@@ -76,11 +76,12 @@ def make_prompts(tokenize: Callable[[str], list[int]], lengths: Sequence[int], s
     return prompts
 
 
-def percentiles(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
+def percentiles(values: Sequence[float], scale: float = 1.0,
+                points: Sequence[int] = (50, 99)) -> dict[str, float | None]:
     if not values:
-        return {"p50": None, "p99": None}
-    p50, p99 = np.percentile(np.asarray(values, dtype=np.float64) * scale, [50, 99])
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+        return {f"p{p}": None for p in points}
+    found = np.percentile(np.asarray(values, dtype=np.float64) * scale, list(points))
+    return {f"p{p}": round(float(v), 3) for p, v in zip(points, found, strict=True)}
 
 
 def peak_rss_mib() -> float:

@@ -18,8 +18,11 @@ def _start(args: argparse.Namespace) -> int:
     from runtime.server.app import create_app
 
     city = load_city(args.city)
-    node = EdgeNode(city, NodeSettings())
+    settings = NodeSettings()
     port = args.port or city.port
+    if settings.public_url is None:  # the gateway must reach the port this node really serves
+        settings.public_url = f"http://127.0.0.1:{port}"
+    node = EdgeNode(city, settings)
     logging.getLogger(__name__).info("edge node %s (%s) on http://%s:%d", city.code, city.name,
                                      args.host, port)
     uvicorn.run(create_app(node), host=args.host, port=port, log_level="info")

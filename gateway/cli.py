@@ -31,7 +31,7 @@ def _start(args: argparse.Namespace) -> int:
 def _dev(args: argparse.Namespace) -> int:
     from gateway.dev import run_dev_fleet
 
-    return run_dev_fleet(_settings(args), args.city, Path(args.dev_file))
+    return run_dev_fleet(_settings(args), args.city, Path(args.dev_file), args.node_port)
 
 
 def _settings(args: argparse.Namespace) -> GatewaySettings:
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--config")
     dev.add_argument("--port", type=int)
     dev.add_argument("--dev-file", default=".edgefire/dev.json")
+    dev.add_argument("--node-port", type=int, help="first node's port (the next city takes the "
+                     "next one); default: each city's own")
     dev.set_defaults(func=_dev)
 
     def open_db() -> Database:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from contextlib import closing
@@ -65,7 +66,9 @@ async def wait_for_fleet(directory: NodeDirectory, processes: dict[str, subproce
         await asyncio.sleep(poll_s)
 
 
-def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file: Path) -> int:
+def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file: Path,
+                  node_port: int | None = None) -> int:
+    """Serve the gateway; its nodes listen on their cities' ports, or from node_port on."""
     import uvicorn
 
     from gateway.app import create_app
@@ -86,8 +89,14 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
                                            port=settings.gateway_port, log_level="info"))
     cities = cities or ["fra"]
     nodes = {city: subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start",
-                                     "--city", city], env=env) for city in cities}
+                                     "--city", city,
+                                     *(["--port", str(node_port + i)] if node_port else [])],
+                                    env=env)
+             for i, city in enumerate(cities)}
     print(f"edgefire: waiting for edge node(s) {', '.join(cities)} to register…", flush=True)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; under the default handler
+    # that would end this process before the finally below and orphan the nodes.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return asyncio.run(serve_fleet(server, state.directory, nodes, base, dev))
     finally:
@@ -95,6 +104,10 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
             node.terminate()
         for node in nodes.values():
             node.wait(timeout=30)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 async def serve_fleet(server: uvicorn.Server, directory: NodeDirectory,

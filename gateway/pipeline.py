@@ -24,10 +24,11 @@ from gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
 from gateway.providers.base import Provider, UpstreamError, UpstreamRequest, UpstreamResponse
 from gateway.ratelimit import RateLimiter
 from gateway.retries import RetryPolicy, send_with_retries
+from gateway.stream_guard import guarded
 from gateway.usage import Tokens, tokens_from_json, tokens_from_sse
 from runtime.catalog import Catalog
 from runtime.errors import EdgefireError, InvalidInputError, UnknownModelError
-from runtime.server.errors import RequestTimeoutError
+from runtime.server.errors import RequestTimeoutError, is_openai_path
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +164,14 @@ class Pipeline:
             if record is not None:
                 self._finish_log(record, step, tokens_from_json(upstream.body), started)
             return Response(upstream.body, upstream.status, headers)
-        return StreamingResponse(self._relay(upstream, record, step, started), upstream.status,
-                                 headers)
+        relay = self._relay(upstream, record, step, started, is_openai_path(request.path))
+        return StreamingResponse(relay, upstream.status, headers)
 
     async def _relay(self, upstream: UpstreamResponse, record: LogRecord | None, step: Step,
-                     started: float) -> AsyncIterator[bytes]:
+                     started: float, openai: bool) -> AsyncIterator[bytes]:
         tail = b""
         try:
-            async for chunk in upstream.chunks:
+            async for chunk in guarded(upstream.chunks, upstream.headers, openai):
                 tail = (tail + chunk)[-_TAIL_BYTES:]
                 yield chunk
         finally:

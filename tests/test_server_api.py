@@ -77,7 +77,8 @@ def test_metrics_exposition_names(client):
     assert response.status_code == 200 and response.headers["content-type"].startswith(
         "text/plain")
     for name in ("requests_running gauge", "requests_waiting gauge",
-                 "kv_cache_usage_ratio gauge", "prefix_cache_queries_total counter",
+                 "kv_cache_usage_ratio gauge", "kv_blocks_in_use gauge",
+                 "prefix_cache_queries_total counter",
                  "prefix_cache_hits_total counter", "preemptions_total counter",
                  "prompt_tokens_total counter", "generation_tokens_total counter",
                  "requests_total counter", "time_to_first_token_seconds histogram",

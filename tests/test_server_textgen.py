@@ -182,6 +182,7 @@ def test_client_disconnect_mid_stream_frees_the_request(server):
         while not next(lines).startswith("data: {"):
             pass
         assert server.engine.scheduler.running  # still generating when the client leaves
+        assert _sample(server, "edgefire_kv_blocks_in_use") > 0
     _wait_idle(server, timeout=2.0)  # long before 2000 tokens could have been generated
     assert _sample(server, "edgefire_requests_total", status="aborted") == aborted_before + 1
 
@@ -196,6 +197,7 @@ def test_metrics_after_requests(server):
     assert _sample(server, "edgefire_e2e_request_latency_seconds_count") >= NUM_FIRST_REQUESTS
     assert _sample(server, "edgefire_requests_running") == 0
     assert _sample(server, "edgefire_kv_cache_usage_ratio") == 0
+    assert _sample(server, "edgefire_kv_blocks_in_use") == 0
     queried = _sample(server, "edgefire_prefix_cache_queries_total")
     assert 0 < _sample(server, "edgefire_prefix_cache_hits_total") <= queried
     assert _sample(server, "edgefire_preemptions_total") >= 0

@@ -7,6 +7,8 @@ is evicted and loaded again, which Prometheus treats as a counter reset):
   edgefire_requests_running             gauge     sequences the scheduler is running
   edgefire_requests_waiting             gauge     sequences waiting to be admitted
   edgefire_kv_cache_usage_ratio         gauge     fraction of KV blocks in use, 0..1
+  edgefire_kv_blocks_in_use             gauge     KV blocks held by sequences (0 when idle:
+                                                  prefix-cached blocks no one holds are free)
   edgefire_prefix_cache_queries_total   counter   prompt tokens looked up in the prefix cache
   edgefire_prefix_cache_hits_total      counter   of those, tokens found in the cache
   edgefire_preemptions_total            counter   sequences preempted (recomputed later)
@@ -123,6 +125,7 @@ class _EngineCollector(Collector):
         running = gauge("edgefire_requests_running", "Sequences the scheduler is running.")
         waiting = gauge("edgefire_requests_waiting", "Sequences waiting to be admitted.")
         usage = gauge("edgefire_kv_cache_usage_ratio", "Fraction of KV blocks in use.")
+        in_use = gauge("edgefire_kv_blocks_in_use", "KV blocks held by sequences.")
         queries = counter("edgefire_prefix_cache_queries_total",
                           "Prompt tokens looked up in the prefix cache.")
         hits = counter("edgefire_prefix_cache_hits_total",
@@ -133,10 +136,11 @@ class _EngineCollector(Collector):
             running.add_metric([name], len(scheduler.running))
             waiting.add_metric([name], len(scheduler.waiting))
             usage.add_metric([name], blocks.usage)
+            in_use.add_metric([name], blocks.num_blocks - blocks.num_free_blocks)
             queries.add_metric([name], blocks.num_prefix_queried_tokens)
             hits.add_metric([name], blocks.num_prefix_hit_tokens)
             preemptions.add_metric([name], scheduler.num_preemptions)
-        yield from (running, waiting, usage, queries, hits, preemptions)
+        yield from (running, waiting, usage, in_use, queries, hits, preemptions)
 
 
 def _text_engines(node: EdgeNode) -> Iterator[tuple[str, LLMEngine]]:
