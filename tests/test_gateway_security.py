@@ -170,3 +170,13 @@ def test_session_pins_belong_to_one_account(serve, tmp_path):
                    headers={**session, "cf-ipcountry": "DE",
                             "authorization": f"Bearer {other_token}"}).raise_for_status()
         assert (len(fra.seen), len(sin.seen)) == (1, 1)
+
+
+def test_a_planning_only_model_is_refused_before_any_node_is_asked(secured):
+    gw, node, node_url = secured
+    gw.beat(heartbeat(node_url, "fra"), FRA).raise_for_status()
+    with gw.client() as client:
+        response = client.post(f"{gw.url}/client/v4/accounts/{gw.account_id}/ai/run/"
+                               "@cf/meta/llama-3.1-8b-instruct", json={"prompt": "hi"})
+    assert response.status_code == 400 and _error(response)["code"] == 5018, response.text
+    assert not node.seen

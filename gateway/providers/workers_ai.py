@@ -39,7 +39,8 @@ class WorkersAIProvider:
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         """Try the best node; if it cannot be reached, mark it and try the next one once."""
         model_id = _model_of(request)
-        spec = self.context.catalog.get(model_id)  # unknown: 5007 before any node is bothered
+        # Unknown (5007) or planning-only (5018): said before any node is bothered.
+        spec = self.context.catalog.get_runnable(model_id)
         need = int(spec.extra.get("memory_mib", 0)) << 20
         directory = self.context.directory
         session = (request.account_id, request.session_id) if request.session_id else None
