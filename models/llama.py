@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from models.precision import dense_precision
 from models.rotary import RotaryEmbedding
+from models.row_buckets import dense_linear
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,7 +70,7 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def _linear(x: torch.Tensor, w: Projection) -> torch.Tensor:
-    return F.linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
+    return dense_linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
 
 
 @dataclass(slots=True)
