@@ -11,7 +11,7 @@ from gateway.errors import AuthError, NotFoundError
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
 from runtime.server.envelope import success
-from runtime.server.inputs import read_json
+from runtime.server.inputs import page_number, read_json
 
 
 class AdminRoutes:
@@ -53,7 +53,7 @@ class AdminRoutes:
         account_id = self._account(request)
         gateway = self._gateway(account_id, request)
         q = request.query_params
-        page, per_page = _int(q, "page", 1), _int(q, "per_page", 20)
+        page, per_page = page_number(q, "page", 1), page_number(q, "per_page", 20)
         rows, total = self.state.logs.list(
             account_id, gateway.id, page=page, per_page=per_page, success=_bool(q, "success"),
             cached=_bool(q, "cached"), provider=q.get("provider"), model=q.get("model"),
@@ -101,15 +101,6 @@ class AdminRoutes:
     async def health(self, request: Request) -> Response:
         healthy = self.state.directory.healthy()
         return JSONResponse({"status": "ok", "healthy_nodes": [n.city for n in healthy]})
-
-
-def _int(query, name: str, default: int) -> int:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise InvalidInputError(f"{name} must be a positive integer", field=name)
-    return int(raw)
 
 
 def _bool(query, name: str) -> bool | None:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from gateway.routing.geo import great_circle_km, latency_ms
-from runtime.errors import InvalidInputError
+from runtime.server.schemas import HEARTBEAT
+from runtime.server.validation import Checker
 
 # A cold load takes seconds, but whether a node is worth it also depends on the user's
 # latency on every later request: this many ms lets a loaded neighbour (tens of ms
 # further) win, while a loaded node on another continent (100+ ms further) does not.
 COLD_LOAD_PENALTY_MS = 50.0
 MAX_PINNED_SESSIONS = 100_000  # oldest pins are forgotten first
+_HEARTBEAT = Checker(HEARTBEAT)
 
 
 @dataclass(slots=True)
@@ -48,7 +49,8 @@ class NodeDirectory:
         self._sessions: OrderedDict[str, str] = OrderedDict()
 
     def heartbeat(self, payload: dict) -> NodeState:
-        """Register a node or refresh it from what it reports; InvalidInputError if malformed."""
+        """Register a node or refresh it from what it reports; InvalidInputError (naming the
+        field) unless it matches the HEARTBEAT schema."""
         fields = _validate(payload)
         now = self._clock()
         node = self._nodes.get(fields["city"])
@@ -124,57 +126,15 @@ class NodeDirectory:
 
 
 def _validate(payload: object) -> dict:
-    if not isinstance(payload, dict):
-        raise InvalidInputError("a heartbeat is a JSON object")
-    fields = {
-        "city": _string(payload, "city"),
-        "url": _string(payload, "url"),
-        "lat": _number(payload, "lat", -90, 90),
-        "lon": _number(payload, "lon", -180, 180),
-        "memory_budget_bytes": _count(payload, "memory_budget_bytes"),
-        "accelerator_bytes": _count(payload, "accelerator_bytes"),
-        "loaded_models": payload.get("loaded_models", {}),
-        "running": _count(payload, "running", 0),
-        "waiting": _count(payload, "waiting", 0),
-        "kv_usage": _number(payload, "kv_usage", 0, 1, 0.0),
-        "name": str(payload.get("name") or ""),
-        "role": str(payload.get("role") or "both"),
+    body = _HEARTBEAT.check(payload)
+    return {
+        "city": body["city"], "url": body["url"],
+        "lat": float(body["lat"]), "lon": float(body["lon"]),
+        # JSON Schema counts 2.0 as an integer; the directory keeps ints.
+        "memory_budget_bytes": int(body["memory_budget_bytes"]),
+        "accelerator_bytes": int(body["accelerator_bytes"]),
+        "loaded_models": body.get("loaded_models", {}),
+        "running": int(body.get("running", 0)), "waiting": int(body.get("waiting", 0)),
+        "kv_usage": float(body.get("kv_usage", 0.0)),
+        "name": body.get("name") or "", "role": body.get("role") or "both",
     }
-    if not fields["url"].startswith(("http://", "https://")):
-        raise InvalidInputError("url must be an http(s) URL", field="url")
-    models = fields["loaded_models"]
-    if not (isinstance(models, dict)
-            and all(isinstance(k, str) and isinstance(v, dict) for k, v in models.items())):
-        raise InvalidInputError("loaded_models maps model ids to objects", field="loaded_models")
-    return fields
-
-
-_REQUIRED = object()
-
-
-def _string(payload: dict, name: str) -> str:
-    value = payload.get(name)
-    if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"{name} must be a non-empty string", field=name)
-    return value
-
-
-def _count(payload: dict, name: str, default: object = _REQUIRED) -> int:
-    value = payload.get(name, default)
-    if value is _REQUIRED:
-        raise InvalidInputError(f"{name} is required", field=name)
-    # bool is an int subclass; a true "memory budget" is a sender bug, not a count.
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInputError(f"{name} must be a non-negative integer", field=name)
-    return value
-
-
-def _number(payload: dict, name: str, low: float, high: float,
-            default: object = _REQUIRED) -> float:
-    value = payload.get(name, default)
-    if value is _REQUIRED:
-        raise InvalidInputError(f"{name} is required", field=name)
-    if (not isinstance(value, int | float) or isinstance(value, bool)
-            or not math.isfinite(value) or not low <= value <= high):
-        raise InvalidInputError(f"{name} must be a number in [{low}, {high}]", field=name)
-    return float(value)
