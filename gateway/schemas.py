@@ -18,7 +18,7 @@ GATEWAY_SETTINGS = {
     "type": "object",
     "properties": {
         "id": {"type": "string", "pattern": "^[a-z0-9_-]{1,64}$",
-               "description": "1-64 characters of a-z, 0-9, '-' and '_'; fixed once created"},
+               "description": "1-64 characters of a-z, 0-9, '-' and '_'"},
         "cache_ttl": {
             "type": ["integer", "null"],
             "anyOf": [{"maximum": 0}, {"minimum": MIN_CACHE_TTL, "maximum": MAX_CACHE_TTL}],

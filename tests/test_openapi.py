@@ -10,6 +10,7 @@ import schemathesis
 from gateway.app import create_app as create_gateway_app
 from gateway.db import Database
 from gateway.openapi import gateway_document
+from gateway.schemas import GATEWAY_CREATE
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
@@ -102,6 +103,8 @@ def test_a_nodes_heartbeat_passes_the_schema_the_gateway_checks(node):
     (TEXT_GENERATION_INPUT, {"prompt": "a", "stream": "yes"}, "stream",
      "stream must be a boolean"),
     (CHAT_COMPLETIONS_REQUEST, [], "body", "body must be an object"),
+    (GATEWAY_CREATE, {"id": "Upper"}, "id",
+     "id must be 1-64 characters of a-z, 0-9, '-' and '_'"),
     # A value is never echoed: it may be a megabyte.
     (TEXT_GENERATION_INPUT, {"prompt": "x" * 10_000, "seed": "y" * 10_000}, "seed",
      "seed must be an integer"),

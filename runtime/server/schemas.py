@@ -175,7 +175,7 @@ HEARTBEAT = {
     "properties": {
         "city": {"type": "string", "minLength": 1},
         "url": {"type": "string", "pattern": "^https?://",
-                "description": "where the gateway reaches the node"},
+                "description": "an http(s) URL, where the gateway reaches the node"},
         "lat": {"type": "number", "minimum": -90, "maximum": 90},
         "lon": {"type": "number", "minimum": -180, "maximum": 180},
         "memory_budget_bytes": _COUNT,

@@ -50,6 +50,9 @@ def _explain(error: jsonschema_rs.ValidationError, root: dict) -> tuple[str, str
         return field_name([*path, kind.unexpected[0]]), "is not a known field"
     if isinstance(kind, _Kind.OneOfNotValid | _Kind.AnyOf | _Kind.OneOfMultipleValid):
         return _explain_branches(error, _node(root, error.schema_path), root)
+    if isinstance(kind, _Kind.Pattern):  # a regex says little to a user; its description more
+        described = _node(root, error.schema_path).get("description")
+        return field_name(path), f"must be {described}" if described else _rule(kind)
     return field_name(path), _rule(kind)
 
 
