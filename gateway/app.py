@@ -10,6 +10,7 @@ Gateway URL forms, gateway and log administration, and the nodes' heartbeat endp
   GET|POST /client/v4/accounts/{acct}/ai-gateway/gateways  (GET|PUT|DELETE …/{gateway})
   GET|DELETE …/gateways/{gateway}/logs, GET …/logs/{id}
   POST /internal/nodes/heartbeat, GET /internal/nodes, GET /health
+  GET /openapi.json                                         this list as OpenAPI (gateway.openapi)
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from gateway.openapi import ACCOUNT, GATEWAY, gateway_document
 from gateway.routes_admin import AdminRoutes
 from gateway.routes_inference import InferenceRoutes
 from gateway.state import GatewayState
 from runtime.errors import EdgefireError
 from runtime.node.heartbeat import HEARTBEAT_PATH
 from runtime.server.errors import InternalErrorMiddleware, handle_error
-
-ACCOUNT = "/client/v4/accounts/{account_id}"
-GATEWAY = "/v1/{account_id}/{gateway_id}"
+from runtime.server.openapi import OPENAPI_PATH, serve_document
 
 
 def create_app(state: GatewayState) -> Starlette:
@@ -57,6 +57,7 @@ def create_app(state: GatewayState) -> Starlette:
         Route(HEARTBEAT_PATH, admin.heartbeat, methods=["POST"]),
         Route("/internal/nodes", admin.nodes, methods=["GET"]),
         Route("/health", admin.health, methods=["GET"]),
+        Route(OPENAPI_PATH, serve_document(gateway_document(state.catalog)), methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager

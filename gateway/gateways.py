@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
@@ -10,19 +9,16 @@ from typing import Literal
 
 from gateway.db import Database, iso_time
 from gateway.errors import ConflictError, NotFoundError
+from gateway.schemas import GATEWAY_CREATE, GATEWAY_SETTINGS
 from runtime.errors import InvalidInputError
+from runtime.server.validation import Checker
 
 DEFAULT_GATEWAY = "default"
 MAX_GATEWAYS_PER_ACCOUNT = 10
-MAX_CACHE_TTL = 30 * 24 * 3600  # one month
-MIN_CACHE_TTL = 60
-_GATEWAY_ID = re.compile(r"[a-z0-9_-]{1,64}")
-_TECHNIQUES = ("fixed", "sliding")
 _BOOLS = ("cache_invalidate_on_update", "collect_logs", "authentication")
-_OPTIONAL_INTS = ("cache_ttl", "rate_limiting_limit", "rate_limiting_interval")
-_SETTINGS = (*_BOOLS, *_OPTIONAL_INTS, "rate_limiting_technique")
-# Returned by GET, so clients that PUT back what they read send them; they are not settable.
-_READ_ONLY = ("created_at", "modified_at")
+_SETTINGS = (*_BOOLS, "cache_ttl", "rate_limiting_limit", "rate_limiting_interval",
+             "rate_limiting_technique")
+_CREATE, _UPDATE = Checker(GATEWAY_CREATE), Checker(GATEWAY_SETTINGS)
 
 
 @dataclass(slots=True)
@@ -55,42 +51,21 @@ class GatewayConfig:
 
 
 def _validated(config: GatewayConfig, fields: dict) -> GatewayConfig:
-    """`config` with `fields` applied, or InvalidInputError naming the first bad field."""
-    _require_object(fields)
-    for name, value in fields.items():
-        if name in _READ_ONLY:
-            continue
-        if name == "id":
-            if value != config.id:
-                raise InvalidInputError("a gateway's id cannot be changed", field="id")
-        elif name in _BOOLS:
-            if not isinstance(value, bool):
-                raise InvalidInputError(f"{name} must be a boolean", field=name)
-        elif name in _OPTIONAL_INTS:
-            if value is not None and (type(value) is not int or value < 0):
-                raise InvalidInputError(f"{name} must be a non-negative integer or null",
-                                        field=name)
-        elif name == "rate_limiting_technique":
-            if value not in _TECHNIQUES:
-                raise InvalidInputError("rate_limiting_technique must be 'fixed' or 'sliding'",
-                                        field=name)
-        else:
-            raise InvalidInputError(f"unsupported gateway setting {name!r}", field=name)
-        setattr(config, name, value)
-    if config.cache_ttl and not MIN_CACHE_TTL <= config.cache_ttl <= MAX_CACHE_TTL:
-        raise InvalidInputError(f"cache_ttl must be 0 (off) or {MIN_CACHE_TTL}..{MAX_CACHE_TTL} "
-                                "seconds", field="cache_ttl")
+    """`config` with `fields` (checked by the schema) applied, or InvalidInputError naming the
+    first field at fault."""
+    if fields.get("id", config.id) != config.id:
+        raise InvalidInputError("a gateway's id cannot be changed", field="id")
+    for name in _SETTINGS:
+        if name in fields:
+            value = fields[name]
+            # JSON Schema counts 60.0 as an integer; the store keeps ints.
+            setattr(config, name, int(value) if isinstance(value, float) else value)
     # A limit without a window (or the reverse) cannot be enforced; say so rather than ignore it.
     if bool(config.rate_limiting_limit) != bool(config.rate_limiting_interval):
         missing = "rate_limiting_interval" if config.rate_limiting_limit else "rate_limiting_limit"
         raise InvalidInputError(f"rate limiting needs both a limit and an interval; {missing} "
                                 "is not set", field=missing)
     return config
-
-
-def _require_object(fields: object) -> None:
-    if not isinstance(fields, dict):
-        raise InvalidInputError("gateway settings must be a JSON object")
 
 
 def _gateway(row: sqlite3.Row) -> GatewayConfig:
@@ -105,11 +80,7 @@ class GatewayStore:
         self.db = db
 
     def create(self, account_id: str, fields: dict) -> GatewayConfig:
-        _require_object(fields)
-        gateway_id = fields.get("id")
-        if not isinstance(gateway_id, str) or not _GATEWAY_ID.fullmatch(gateway_id):
-            raise InvalidInputError("id must be 1-64 characters of a-z, 0-9, '-' and '_'",
-                                    field="id")
+        gateway_id = _CREATE.check(fields)["id"]
         now = time.time()
         config = _validated(GatewayConfig(id=gateway_id, account_id=account_id, created_at=now,
                                           modified_at=now), fields)
@@ -152,7 +123,7 @@ class GatewayStore:
             current = self.get(account_id, gateway_id)
             if current is None:
                 raise NotFoundError(f"no gateway {gateway_id!r}", field="id")
-            config = _validated(current, fields)
+            config = _validated(current, _UPDATE.check(fields))
             config.modified_at = time.time()
             assignments = ", ".join(f"{name} = ?" for name in (*_SETTINGS, "modified_at"))
             values = [getattr(config, name) for name in (*_SETTINGS, "modified_at")]

@@ -33,7 +33,6 @@ from runtime.server.errors import RequestTimeoutError, is_openai_path
 log = logging.getLogger(__name__)
 
 _TAIL_BYTES = 8192  # enough of a stream's end to find its usage event
-MAX_STEPS = 10  # universal-endpoint steps per request
 # Upstream calls one request may cause, over its steps and their retries: each step may ask
 # for up to 5 attempts, so without a total a 10-step request could cost 50 upstream calls.
 MAX_ATTEMPTS = 10

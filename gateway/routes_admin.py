@@ -13,7 +13,7 @@ from gateway.node_auth import SECRET_HEADER
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
 from runtime.server.envelope import success
-from runtime.server.inputs import read_json
+from runtime.server.inputs import page_number, read_json
 
 
 class AdminRoutes:
@@ -55,7 +55,7 @@ class AdminRoutes:
         account_id = self._account(request)
         gateway = self._gateway(account_id, request)
         q = request.query_params
-        page, per_page = _int(q, "page", 1), _int(q, "per_page", 20)
+        page, per_page = page_number(q, "page", 1), page_number(q, "per_page", 20)
         rows, total = self.state.logs.list(
             account_id, gateway.id, page=page, per_page=per_page, success=_bool(q, "success"),
             cached=_bool(q, "cached"), provider=q.get("provider"), model=q.get("model"),
@@ -119,15 +119,6 @@ class AdminRoutes:
             status = "ok"
         return JSONResponse({"status": status, "healthy_nodes": [n.city for n in healthy],
                              "redis": redis}, 503 if status == "no_nodes" else 200)
-
-
-def _int(query, name: str, default: int) -> int:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise InvalidInputError(f"{name} must be a positive integer", field=name)
-    return int(raw)
 
 
 def _bool(query, name: str) -> bool | None:

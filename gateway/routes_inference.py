@@ -11,16 +11,19 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.errors import NotFoundError
 from gateway.gateways import GatewayConfig
-from gateway.pipeline import MAX_STEPS, GatewayRequest, Step
+from gateway.pipeline import GatewayRequest, Step
 from gateway.providers.base import UpstreamRequest
 from gateway.retries import RetryPolicy
+from gateway.schemas import UNIVERSAL_STEPS
 from gateway.state import GatewayState
 from runtime.errors import InvalidInputError
 from runtime.server.catalog_api import CatalogRoutes, openai_model_list
 from runtime.server.disconnect import unless_disconnected
 from runtime.server.inputs import parse_json, read_body
+from runtime.server.validation import Checker
 
 WORKERS_AI = "workers-ai"
+_STEPS = Checker(UNIVERSAL_STEPS)
 
 
 class InferenceRoutes:
@@ -82,26 +85,16 @@ class InferenceRoutes:
         """A JSON array of steps, tried in order; `cf-aig-step` says which one answered."""
         account_id, gateway = self._gateway_of(request)
         raw = await read_body(request, self.state.settings.max_request_bytes)
-        entries = parse_json(raw, list)
-        if not 1 <= len(entries) <= MAX_STEPS:
-            raise InvalidInputError("the universal endpoint takes an array of 1 to "
-                                    f"{MAX_STEPS} steps", field="body")
-        steps = [self._universal_step(request, account_id, i, e) for i, e in enumerate(entries)]
+        entries = _STEPS.check(parse_json(raw, list))
+        steps = [self._universal_step(request, account_id, entry) for entry in entries]
         return await self._handle(account_id, gateway, request, "Universal", steps, True)
 
-    def _universal_step(self, request: Request, account_id: str, index: int,
-                        entry: object) -> Step:
-        if not isinstance(entry, dict) or not isinstance(entry.get("provider"), str) \
-                or not isinstance(entry.get("endpoint"), str):
-            raise InvalidInputError(f"step {index} needs provider and endpoint strings",
-                                    field=f"body[{index}]")
-        query = entry.get("query", {})
+    def _universal_step(self, request: Request, account_id: str, entry: dict) -> Step:
         step_headers = {k.lower(): str(v) for k, v in (entry.get("headers") or {}).items()}
         headers = {**request.headers, **step_headers}  # step-level headers win
-        body = json.dumps(query).encode()
-        config = entry.get("config") if isinstance(entry.get("config"), dict) else None
+        body = json.dumps(entry.get("query", {})).encode()
         return self._step(request, account_id, entry["provider"], entry["endpoint"], body,
-                          headers, config)
+                          headers, entry.get("config"))
 
     def _step(self, request: Request, account_id: str, provider: str, path: str, body: bytes,
               headers: Mapping[str, str], config: dict | None = None) -> Step:

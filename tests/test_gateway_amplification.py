@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.pipeline import MAX_ATTEMPTS, MAX_STEPS
+from gateway.pipeline import MAX_ATTEMPTS
+from gateway.schemas import MAX_STEPS
 from tests.gateway_fakes import MODEL, RecordingUpstream, gateway, heartbeat
 
 SECRET = "s"
@@ -33,7 +34,7 @@ def test_steps_are_capped(failing):
     refused = client.post(f"/v1/{gw.account_id}/default", json=[_step()] * (MAX_STEPS + 1))
     assert refused.status_code == 400, refused.text
     error = refused.json()["errors"][0]
-    assert error["code"] == 5006 and f"1 to {MAX_STEPS} steps" in error["message"]
+    assert error["code"] == 5006 and f"at most {MAX_STEPS} items" in error["message"]
     assert fake.seen == []
 
 

@@ -127,10 +127,32 @@ def test_planning_only_model_is_refused(client, node):
     (json.dumps({"prompt": "a", "stream": 1}).encode(), "stream"),
     (json.dumps({"prompt": "a", "seed": "s"}).encode(), "seed"),
     (json.dumps({"prompt": "a", "options": {"rejectIfBusy": "y"}}).encode(), "rejectIfBusy"),
+    (b'{"prompt": "a", "temperature": NaN}', "body"),  # no JSON value, though Python reads it
 ])
 def test_invalid_text_input_is_5006_naming_the_field(client, body, field):
     message = _error(client.post(f"{API}/run/{SMOL}", content=body), 400, 5006)
     assert field in message
+
+
+# Each of these was a 500 (3001): input that reached code that could not take it.
+@pytest.mark.parametrize(("request_args", "field"), [
+    # An unpaired surrogate is no text: the tokenizer cannot take it,
+    (("POST", f"{API}/run/{SMOL}", b'{"prompt": "\\udfff hi"}'), "body"),
+    # nesting past Python's recursion limit,
+    (("POST", f"{API}/run/{SMOL}", b"[" * 100_000 + b"]" * 100_000), "body"),
+    # "²".isdigit() holds, yet int() refuses it.
+    (("GET", f"{API}/models/search?per_page=%C2%B2", None), "per_page"),
+])
+def test_input_that_was_a_server_error_is_5006(client, request_args, field):
+    method, path, body = request_args
+    assert field in _error(client.request(method, path, content=body), 400, 5006)
+
+
+def test_unpaired_surrogate_is_not_echoed_into_an_openai_error(client):
+    # The model name went into the 5007 message, which then could not be encoded: a 500.
+    body = b'{"model": "\\ud800", "messages": [{"role": "user", "content": "x"}]}'
+    response = client.post(f"{API}/v1/chat/completions", content=body)
+    assert _openai_error(response, 400, 5006)["param"] == "body"
 
 
 @pytest.mark.parametrize(("text", "field"), [

@@ -12,8 +12,9 @@ Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node sec
                                    node stays routable: its other models serve, and a dead
                                    engine is rebuilt by the next request for its model)
   GET  /metrics                    Prometheus text (names in runtime.server.metrics)
-Health and metrics need no secret: load balancers and scrapers probe them. Every inference
-response names the model's weight precision in x-edgefire-weight-precision.
+  GET  /openapi.json               the OpenAPI document of these routes (runtime.server.openapi)
+Health, metrics and the document need no secret: load balancers and scrapers probe them.
+Every inference response names the model's weight precision in x-edgefire-weight-precision.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from runtime.server.generation import TextGenerator
 from runtime.server.metrics import ServerMetrics
 from runtime.server.native import WorkersAIRoutes
 from runtime.server.openai_compat import OpenAIRoutes
+from runtime.server.openapi import OPENAPI_PATH, node_document, serve_document
 from runtime.server.ops import OpsRoutes
 from runtime.weight_precision import compute_precision
 
@@ -63,6 +65,7 @@ def create_app(node: EdgeNode) -> Starlette:
         Mount(API_PREFIX, routes=api, middleware=[Middleware(NodeSecretMiddleware, node=node)]),
         Route("/health", ops.health, methods=["GET"]),
         Route("/metrics", ops.prometheus, methods=["GET"]),
+        Route(OPENAPI_PATH, serve_document(node_document(node.catalog)), methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from runtime.catalog import Catalog, ModelSpec
 from runtime.errors import InvalidInputError
 from runtime.server.envelope import success
-from runtime.server.inputs import find_model
+from runtime.server.inputs import find_model, page_number
 from runtime.server.tasks import TASKS, task_of
 from runtime.weight_precision import stated_precision
 
@@ -64,7 +64,7 @@ class CatalogRoutes:
 
     async def search(self, request: Request) -> Response:
         query = request.query_params
-        page, per_page = _positive(query, "page", 1), _positive(query, "per_page", 20)
+        page, per_page = page_number(query, "page", 1), page_number(query, "per_page", 20)
         found = [spec for spec in self.catalog.specs if _matches(spec, query)]
         shown = found[(page - 1) * per_page:page * per_page]
         return success([model_object(spec, self.compute) for spec in shown],
@@ -86,13 +86,6 @@ def _matches(spec: ModelSpec, query: QueryParams) -> bool:
     if text and text.lower() not in f"{spec.id}\n{spec.description}".lower():
         return False
     return not who or who.lower() == author(spec.id).lower()
-
-
-def _positive(query: QueryParams, key: str, default: int) -> int:
-    value = query.get(key, str(default))
-    if not value.isdigit() or int(value) < 1:
-        raise InvalidInputError(f"{key} must be a positive integer", field=key)
-    return int(value)
 
 
 def _properties(spec: ModelSpec, compute: str | None) -> list[dict]:

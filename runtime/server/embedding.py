@@ -1,4 +1,4 @@
-"""Text embeddings for the HTTP routes: check the texts, hold the model, embed in time."""
+"""Text embeddings for the HTTP routes: the texts as a list, hold the model, embed in time."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from runtime.catalog import ModelSpec
-from runtime.errors import InvalidInputError
 from runtime.node.node import EdgeNode
 from runtime.server.errors import time_limit
 from runtime.server.metrics import ServerMetrics
-
-MAX_TEXTS = 100  # Workers AI's maxItems for `text`
 
 
 @dataclass(slots=True)
@@ -22,19 +19,9 @@ class Embeddings:
     weight_precision: str
 
 
-def texts_input(value: object, field: str) -> list[str]:
-    """One string or 1..MAX_TEXTS non-empty strings, as a list; else 5006 naming `field`."""
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts:
-        raise InvalidInputError(f"{field} must be a string or a non-empty array of strings",
-                                field=field)
-    if len(texts) > MAX_TEXTS:
-        raise InvalidInputError(f"{field} has {len(texts)} items; the limit is {MAX_TEXTS}",
-                                field=field)
-    for i, text in enumerate(texts):
-        if not isinstance(text, str) or not text:
-            raise InvalidInputError(f"{field}[{i}] must be a non-empty string", field=field)
-    return texts
+def as_texts(value: str | list[str]) -> list[str]:
+    """The texts of a schema-checked `text` (or OpenAI `input`): one string or a list."""
+    return [value] if isinstance(value, str) else value
 
 
 class Embedder:

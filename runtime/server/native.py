@@ -12,15 +12,18 @@ from runtime.catalog import ModelSpec
 from runtime.errors import InvalidInputError
 from runtime.node.node import EdgeNode
 from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
-from runtime.server.embedding import Embedder, texts_input
+from runtime.server.embedding import Embedder, as_texts
 from runtime.server.envelope import success
 from runtime.server.generation import Generation, TextGenerator, usage_json
-from runtime.server.inputs import find_model, optional, read_json, reject_if_busy, sampling_params
+from runtime.server.inputs import find_model, given, read_json, reject_if_busy, sampling_params
 from runtime.server.prompts import prompt_input
+from runtime.server.schemas import TASK_SCHEMAS
 from runtime.server.sse import EventStream
+from runtime.server.validation import Checker
 from runtime.weight_precision import PRECISION_HEADER
 
 _Handler = Callable[[Request, ModelSpec, dict[str, Any]], Awaitable[Response]]
+_INPUTS = {task: Checker(schemas[0]) for task, schemas in TASK_SCHEMAS.items()}
 
 
 class WorkersAIRoutes:
@@ -34,7 +37,8 @@ class WorkersAIRoutes:
     async def run(self, request: Request) -> Response:
         name = request.path_params["model"]
         spec = find_model(self.node.catalog, name, self._by_task)
-        body = await read_json(request, self.node.settings.max_request_bytes)
+        body = _INPUTS[spec.task].check(
+            await read_json(request, self.node.settings.max_request_bytes))
         return await self._by_task[spec.task](request, spec, body)
 
     async def _generate(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
@@ -42,7 +46,7 @@ class WorkersAIRoutes:
         prompt = prompt_input(body)
         params = [sampling_params(body, ("max_tokens",))]
         busy = reject_if_busy(body)
-        if optional(body, "stream", bool, False):
+        if given(body, "stream", False):
             generation = await self.text.start(account_id, spec, prompt, params, busy)
             return EventStream(_events(generation), generation.close, openai=False,
                                headers={PRECISION_HEADER: generation.weight_precision})
@@ -53,9 +57,9 @@ class WorkersAIRoutes:
                        headers={PRECISION_HEADER: completed.weight_precision})
 
     async def _embed(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
-        texts = texts_input(body.get("text"), "text")
+        texts = as_texts(body["text"])
         pooling = spec.extra.get("pooling", "mean")
-        if optional(body, "pooling", str, pooling) != pooling:
+        if given(body, "pooling", pooling) != pooling:
             raise InvalidInputError(f"pooling must be {pooling!r} for {spec.id}",
                                     field="pooling")
         embeddings = await self.embedder.embed(spec, texts)

@@ -11,26 +11,20 @@ import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runtime.errors import InvalidInputError
 from runtime.node.node import EdgeNode
 from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
 from runtime.server.catalog_api import openai_model_list
-from runtime.server.embedding import Embedder, texts_input
+from runtime.server.embedding import Embedder, as_texts
 from runtime.server.generation import Completion, Generation, TextGenerator, per_choice, usage_json
-from runtime.server.inputs import (
-    find_model,
-    optional,
-    read_json,
-    reject_if_busy,
-    required,
-    sampling_params,
-)
+from runtime.server.inputs import find_model, given, read_json, reject_if_busy, sampling_params
 from runtime.server.prompts import prompt_input
+from runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
 from runtime.server.sse import EventStream
+from runtime.server.validation import Checker
 from runtime.weight_precision import PRECISION_HEADER
 
-MAX_CHOICES = 8
-_ENCODINGS = ("float", "base64")
+_CHAT = Checker(CHAT_COMPLETIONS_REQUEST)
+_EMBEDDINGS = Checker(EMBEDDINGS_REQUEST)
 
 
 class OpenAIRoutes:
@@ -40,20 +34,17 @@ class OpenAIRoutes:
         self.embedder = embedder
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await read_json(request, self.node.settings.max_request_bytes)
-        name = required(body, "model", str)
+        body = _CHAT.check(await read_json(request, self.node.settings.max_request_bytes))
+        name = body["model"]
         spec = find_model(self.node.catalog, name, (TEXT_GENERATION,))
         prompt = prompt_input(body, allow_prompt=False)
-        n = optional(body, "n", int, 1)
-        if not 1 <= n <= MAX_CHOICES:
-            raise InvalidInputError(f"n must be between 1 and {MAX_CHOICES}", field="n")
+        n = int(given(body, "n", 1))
         params = per_choice(sampling_params(body, ("max_completion_tokens", "max_tokens")), n)
         busy = reject_if_busy(body)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         account_id = request.path_params["account_id"]
-        if optional(body, "stream", bool, False):
-            include_usage = optional(optional(body, "stream_options", dict, {}),
-                                     "include_usage", bool, False)
+        if given(body, "stream", False):
+            include_usage = given(given(body, "stream_options", {}), "include_usage", False)
             generation = await self.text.start(account_id, spec, prompt, params, busy)
             precision = generation.weight_precision
             head["system_fingerprint"] = fingerprint(precision)
@@ -65,14 +56,11 @@ class OpenAIRoutes:
                             headers={PRECISION_HEADER: done.weight_precision})
 
     async def embeddings(self, request: Request) -> Response:
-        body = await read_json(request, self.node.settings.max_request_bytes)
-        name = required(body, "model", str)
+        body = _EMBEDDINGS.check(await read_json(request, self.node.settings.max_request_bytes))
+        name = body["model"]
         spec = find_model(self.node.catalog, name, (TEXT_EMBEDDINGS,))
-        texts = texts_input(body.get("input"), "input")
-        encoding = optional(body, "encoding_format", str, "float")
-        if encoding not in _ENCODINGS:
-            raise InvalidInputError(f"encoding_format must be one of {_ENCODINGS}",
-                                    field="encoding_format")
+        texts = as_texts(body["input"])
+        encoding = given(body, "encoding_format", "float")
         embeddings = await self.embedder.embed(spec, texts)
         data = [{"object": "embedding", "index": i, "embedding": _vector(row, encoding)}
                 for i, row in enumerate(embeddings.vectors)]

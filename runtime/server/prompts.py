@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import ContextLengthError, InvalidInputError
-from runtime.server.inputs import optional
+from runtime.server.inputs import given
 from runtime.tokenizer import Tokenizer
 
 
@@ -18,19 +18,17 @@ class PromptInput:
 
 
 def prompt_input(body: dict[str, Any], *, allow_prompt: bool = True) -> PromptInput:
-    """The prompt fields of a body, checked; InvalidInputError names the field at fault."""
-    raw = optional(body, "raw", bool, False)
-    if allow_prompt and body.get("prompt") is not None:
-        if body.get("messages") is not None:
-            raise InvalidInputError("give either prompt or messages, not both", field="prompt")
-        prompt = optional(body, "prompt", str)
-        if not prompt:
-            raise InvalidInputError("prompt must not be empty", field="prompt")
+    """The prompt fields of a body the schema passed (OpenAI bodies have no `prompt`)."""
+    raw = given(body, "raw", False)
+    prompt = given(body, "prompt") if allow_prompt else None
+    messages = given(body, "messages")
+    if prompt is not None:
+        # Cross-field: the Prompt variant lets other keys through, as Workers AI's schema does.
+        if messages is not None:
+            raise InvalidInputError("prompt cannot be given with messages", field="prompt")
         return PromptInput(prompt=prompt, raw=raw)
-    if body.get("messages") is None:
-        need = "prompt or messages is" if allow_prompt else "messages is"
-        raise InvalidInputError(f"{need} required", field="messages")
-    return PromptInput(messages=_messages(body["messages"]), raw=raw)
+    return PromptInput(messages=[{**m, "content": _text(m.get("content"))} for m in messages],
+                       raw=raw)
 
 
 def encode_prompt(tokenizer: Tokenizer, request: PromptInput, max_model_len: int,
@@ -58,47 +56,14 @@ def encode_prompt(tokenizer: Tokenizer, request: PromptInput, max_model_len: int
             raise ContextLengthError(
                 f"prompt has at least {at_least} tokens; the model's context window is "
                 f"{max_model_len} tokens", field="prompt")
-    if not text.isascii():
-        _check_unicode(text, "prompt" if request.messages is None else "messages")
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _check_unicode(text: str, field: str) -> None:
-    # JSON may carry a lone surrogate ("\ud800"), which no UTF-8 tokenizer takes.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"{field} is not valid Unicode (it has a lone surrogate)",
-                                field=field) from None
 
-
-def _messages(value: object) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise InvalidInputError("messages must be a non-empty array", field="messages")
-    messages = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise InvalidInputError(f"{where} must be an object", field=where)
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise InvalidInputError(f"{where}.role must be a string", field=f"{where}.role")
-        content = _content(message.get("content"), role, f"{where}.content")
-        messages.append({**message, "content": content})
-    return messages
-
-
-def _content(value: object, role: str, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if value is None and role == "assistant":  # an OpenAI tool-call turn has no text
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's content as text: its text parts joined; none for a tool-call turn."""
+    if content is None:
         return ""
-    if isinstance(value, list) and all(_is_text_part(part) for part in value):
-        return "\n".join(part["text"] for part in value)
-    raise InvalidInputError(f"{where} must be a string or an array of text parts",
-                            field=where)
-
-
-def _is_text_part(part: object) -> bool:
-    return (isinstance(part, dict) and part.get("type") == "text"
-            and isinstance(part.get("text"), str))
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content)
