@@ -238,7 +238,7 @@ def clamp_ttl(ttl_s: int) -> int:
 _TTL_HEADERS = ("cf-aig-cache-ttl", "cf-cache-ttl")
 _SKIP_HEADERS = ("cf-aig-skip-cache", "cf-skip-cache")
 _KEY_HEADER = "cf-aig-cache-key"
-_DIGITS = re.compile(r"[0-9]+")
+_DIGITS = re.compile(r"[0-9]{1,12}")  # more is no TTL (and past 4300 digits int() refuses)
 
 
 def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:

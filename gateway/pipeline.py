@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 from starlette.responses import Response, StreamingResponse
@@ -52,6 +52,16 @@ class Step:
     model: str | None
     retry: RetryPolicy
     headers: Mapping[str, str]  # cache/log headers for this step (step-level ones win)
+    # cf-aig-metadata and cf-aig-custom-cost, parsed when the step is made: a bad one is a 400
+    # before any upstream call, not an error after the answer.
+    metadata: dict = field(default_factory=dict)
+    custom_cost: dict | None = None
+
+    @classmethod
+    def of(cls, provider: str, request: UpstreamRequest, model: str | None, retry: RetryPolicy,
+           headers: Mapping[str, str]) -> Step:
+        return cls(provider, request, model, retry, headers, parse_metadata(headers),
+                   parse_custom_cost(headers.get("cf-aig-custom-cost")))
 
 
 @dataclass(slots=True)
@@ -194,7 +204,7 @@ class Pipeline:
             account_id=request.account_id, gateway_id=request.gateway.id, provider=step.provider,
             model=step.model or "", path=request.path, request_type=request.request_type,
             status_code=answer.response.status, success=answer.response.ok,
-            cached=answer.cached, metadata=parse_metadata(step.headers),
+            cached=answer.cached, metadata=step.metadata,
             step=answer.step if request.universal else None, node=answer.response.node)
 
     def _finish_log(self, record: LogRecord, step: Step, tokens: Tokens, started: float) -> None:
@@ -207,9 +217,8 @@ class Pipeline:
             log.info("log %s dropped: gateway %s is gone", record.id, record.gateway_id)
 
     def _cost(self, step: Step, tokens: Tokens) -> float | None:
-        custom = parse_custom_cost(step.headers.get("cf-aig-custom-cost"))
-        if custom is not None:
-            return apply_custom_cost(custom, tokens.tokens_in, tokens.tokens_out)
+        if step.custom_cost is not None:
+            return apply_custom_cost(step.custom_cost, tokens.tokens_in, tokens.tokens_out)
         try:
             price = self.catalog.get(step.model).extra.get("price") if step.model else None
         except UnknownModelError:
@@ -225,11 +234,11 @@ def check_attempts(request: GatewayRequest) -> None:
     for index, step in enumerate(request.steps):
         total += step.retry.max_attempts
         if total > MAX_ATTEMPTS:
-            field = f"body[{index}]"
+            where = f"body[{index}]"
             raise InvalidInputError(
                 f"a request may make at most {MAX_ATTEMPTS} upstream attempts over all its steps "
-                f"and retries; {field} brings the steps' maxAttempts (cf-aig-max-attempts) to "
-                f"{total}", field=field)
+                f"and retries; {where} brings the steps' maxAttempts (cf-aig-max-attempts) to "
+                f"{total}", field=where)
 
 
 def parse_metadata(headers: Mapping[str, str]) -> dict:
@@ -239,7 +248,7 @@ def parse_metadata(headers: Mapping[str, str]) -> dict:
         return {}
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict) or not all(
             isinstance(v, str | int | float | bool) or v is None for v in data.values()):

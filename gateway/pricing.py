@@ -61,7 +61,7 @@ def parse_custom_cost(header_value: str | None) -> dict | None:
         return None
     try:
         body = json.loads(header_value)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise InvalidInputError(f"{CUSTOM_COST_HEADER} must be a JSON object",
                                 field=CUSTOM_COST_HEADER) from None
     if not isinstance(body, dict):

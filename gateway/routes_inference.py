@@ -106,7 +106,7 @@ class InferenceRoutes:
             location=self.state.locator.locate(request.headers,
                                                request.client.host if request.client else None))
         retry = RetryPolicy().overridden(headers, config)
-        return Step(provider, upstream, model, retry, headers)
+        return Step.of(provider, upstream, model, retry, headers)
 
     async def _handle(self, account_id: str, gateway: GatewayConfig | None, request: Request,
                       request_type: str, steps: list[Step], universal: bool = False) -> Response:

@@ -74,4 +74,20 @@ def test_a_heartbeat_with_an_unpaired_surrogate_is_refused(gateway):
                            headers={"x-edgefire-node-secret": SECRET})
     assert _message(response) == "the request body is not valid JSON"
     # Accepted, the city made every later answer that names it unencodable: a 500.
-    assert client.get("/health").status_code < 500
+    health = client.get("/health")  # 503 only because no node is registered
+    assert health.status_code == 503 and health.json()["status"] == "no_nodes"
+
+
+@pytest.mark.parametrize("header, value", [
+    ("cf-aig-metadata", "[" * 5000 + "]" * 5000),  # RecursionError in json.loads
+    ("cf-aig-custom-cost", "[" * 5000 + "]" * 5000),
+    ("cf-aig-metadata", '{"a": [1]}'),
+    ("cf-aig-cache-ttl", "9" * 5000),  # past the digits int() takes
+])
+def test_bad_gateway_headers_are_5006_before_any_upstream_call(gateway, header, value):
+    client, _, gateway_url = gateway
+    # No node is registered: a call upstream would answer 429 3040, so a 400 shows the header
+    # was refused first.
+    response = client.post(f"{gateway_url}/workers-ai/@cf/huggingfacetb/smollm2-135m-instruct",
+                           json={"prompt": "hi"}, headers={header: value})
+    assert header in _message(response)
