@@ -27,7 +27,7 @@ from gateway.state import GatewayState
 
 RESULT = {"response": "hi", "usage": USAGE}
 # In the catalog, so the gateway routes it, but the stand-in node does not serve it.
-UNSERVED = "@cf/meta/llama-3.1-8b-instruct"
+UNSERVED = "@cf/huggingfacetb/smollm2-135m-instruct-int8"
 
 
 @dataclass(slots=True)
