@@ -226,7 +226,7 @@ def _bad_cases() -> tuple[BadCase, ...]:
         BadCase("max_tokens_string", "run", {"prompt": "hi", "max_tokens": "ten"}),
         BadCase("max_tokens_negative", "run", {"prompt": "hi", "max_tokens": -5}),
         BadCase("temperature_too_high", "run", {"prompt": "hi", "temperature": 9}),
-        BadCase("top_k_zero", "run", {"prompt": "hi", "top_k": 0}),
+        BadCase("top_k_negative", "run", {"prompt": "hi", "top_k": -1}),
         BadCase("repetition_penalty_too_high", "run", {"prompt": "hi", "repetition_penalty": 7}),
         BadCase("frequency_penalty_string", "run", {"prompt": "hi", "frequency_penalty": "x"}),
         BadCase("presence_penalty_negative", "run", {"prompt": "hi", "presence_penalty": -3}),
