@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France? Answer in one sentence.
 
 .PHONY: setup run generate test test-fast lint bench clean
 
-$(STAMP): pyproject.toml Makefile tests/plugins/edgefire_dummy/pyproject.toml
+$(STAMP): pyproject.toml setup.py Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch is pinned first so nothing later pulls a CUDA build.

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from edgefire.runtime import LLM, EngineConfig, SamplingParams
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.weights import resolve_source
 
 from bench._common import (
     log,
@@ -32,9 +35,6 @@ from bench._common import (
     write_results,
 )
 from bench.peers import llama_bin, run_hf, run_llama
-from runtime import LLM, EngineConfig, SamplingParams
-from runtime.catalog import Catalog
-from runtime.weights import resolve_source
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 PROMPT_RANGE = (64, 512)

@@ -106,7 +106,7 @@ def serve(role: str, port: int, limit_s: float) -> None:
 
         uvicorn.run(fake_node_app(), host="127.0.0.1", port=port, log_level="warning")
     else:
-        from gateway.cli import main
+        from edgefire.gateway.cli import main
 
         main(["start", "--port", str(port)])
 
@@ -255,8 +255,8 @@ def main() -> None:
         return
     if args.quick:
         args.requests, args.seconds = 100, 2.0
-    from gateway.accounts import AccountStore
-    from gateway.db import Database
+    from edgefire.gateway.accounts import AccountStore
+    from edgefire.gateway.db import Database
 
     with tempfile.TemporaryDirectory() as tmp:
         db_path = Path(tmp) / "gateway.db"

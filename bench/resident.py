@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from edgefire.runtime import LLM, SamplingParams
+from edgefire.runtime.catalog import Catalog
+
 from bench._common import log, make_prompts, prompt_lengths, stopwatch
-from runtime import LLM, SamplingParams
-from runtime.catalog import Catalog
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 CONCURRENCY = (1, 8, 32)

@@ -65,7 +65,8 @@ def free_port() -> int:
 
 
 def start_node(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "edge_nodes.cli", "start", "--city", "fra", "--port", str(port)]
+    cmd = [sys.executable, "-m", "edgefire.edge_nodes.cli", "start", "--city", "fra",
+           "--port", str(port)]
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

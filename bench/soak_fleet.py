@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 
 import httpx
 import psutil
+from edgefire.runtime.node.city import load_city
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._common import log
 from bench.soak_mix import MINILM, SMOL
-from runtime.node.city import load_city
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -74,7 +74,7 @@ def private_fleet(city: str, startup_timeout_s: float = 180.0) -> Iterator[Fleet
         gateway_port, node_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "gateway.cli", "dev", "--city", city,
+        cmd = [sys.executable, "-m", "edgefire.gateway.cli", "dev", "--city", city,
                "--port", str(gateway_port), "--node-port", str(node_port)]
         log_path = workdir / "fleet.log"
         with log_path.open("wb") as out:
@@ -106,7 +106,7 @@ def _wait_for_fleet(proc: subprocess.Popen, workdir: Path, gateway_port: int, no
                            f"{_tail(log_path)}")
     dev = json.loads((workdir / ".edgefire" / "dev.json").read_text())
     children = psutil.Process(proc.pid).children(recursive=True)
-    nodes = [p for p in children if "edge_nodes.cli" in " ".join(p.cmdline())]
+    nodes = [p for p in children if "edgefire.edge_nodes.cli" in " ".join(p.cmdline())]
     return Fleet(gateway_url, f"http://127.0.0.1:{node_port}", dev["account_id"], dev["token"],
                  nodes[0].pid if nodes else None, proc.pid, True, log_path,
                  [psutil.Process(proc.pid), *children])

@@ -66,12 +66,12 @@ def child_edgefire(cache_dir: str, dtype: str) -> dict:
     os.environ["EDGEFIRE_CACHE_DIR"] = cache_dir
     import asyncio
 
-    from runtime.catalog import Catalog
-    from runtime.engine.compute_thread import ComputeThread
-    from runtime.engine.sampling_params import SamplingParams
-    from runtime.node.served import build_served_model
-    from runtime.node.settings import NodeSettings
-    from runtime.plugins import load_plugins
+    from edgefire.runtime.catalog import Catalog
+    from edgefire.runtime.engine.compute_thread import ComputeThread
+    from edgefire.runtime.engine.sampling_params import SamplingParams
+    from edgefire.runtime.node.served import build_served_model
+    from edgefire.runtime.node.settings import NodeSettings
+    from edgefire.runtime.plugins import load_plugins
 
     load_plugins()
     settings = NodeSettings(dtype=dtype)
@@ -104,11 +104,11 @@ def child_hf(prompt_ids: list[int]) -> dict:
     # Imported before the clock, as edgefire's modules are: load_hf imports these.
     import torch
     import transformers
+    from edgefire.runtime.catalog import Catalog
+    from edgefire.runtime.weights import resolve_source
     from transformers import AutoModelForCausalLM, modeling_gguf_pytorch_utils  # noqa: F401
 
     from bench.peers import hf_generate, load_hf
-    from runtime.catalog import Catalog
-    from runtime.weights import resolve_source
 
     gguf = resolve_source(Catalog.load().get_runnable(MODEL).weights)
     ready_s = _since_process_start()

@@ -6,16 +6,15 @@ import argparse
 import logging
 import sys
 
-from runtime.log_setup import configure_logging
-from runtime.node.city import all_cities, load_city
+from edgefire.runtime.log_setup import configure_logging
+from edgefire.runtime.node.city import all_cities, load_city
 
 
 def _start(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from runtime.node.node import EdgeNode
-    from runtime.node.settings import NodeSettings
-    from runtime.server.app import create_app
+    from edgefire.runtime.node.node import EdgeNode
+    from edgefire.runtime.node.settings import NodeSettings
+    from edgefire.runtime.server.app import create_app
 
     city = load_city(args.city)
     settings = NodeSettings()

@@ -10,7 +10,7 @@ Gateway URL forms, gateway and log administration, and the nodes' heartbeat endp
   GET|POST /client/v4/accounts/{acct}/ai-gateway/gateways  (GET|PUT|DELETE …/{gateway})
   GET|DELETE …/gateways/{gateway}/logs, GET …/logs/{id}
   POST /internal/nodes/heartbeat, GET /internal/nodes, GET /health
-  GET /openapi.json                                         this list as OpenAPI (gateway.openapi)
+  GET /openapi.json                               this list as OpenAPI (edgefire.gateway.openapi)
 """
 
 from __future__ import annotations
@@ -18,19 +18,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
+from edgefire.gateway.routes_admin import AdminRoutes
+from edgefire.gateway.routes_inference import InferenceRoutes
+from edgefire.gateway.state import GatewayState
+from edgefire.runtime.errors import EdgefireError
+from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH
+from edgefire.runtime.server.errors import InternalErrorMiddleware, handle_error
+from edgefire.runtime.server.openapi import OPENAPI_PATH, serve_document
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
-
-from gateway.openapi import ACCOUNT, GATEWAY, gateway_document
-from gateway.routes_admin import AdminRoutes
-from gateway.routes_inference import InferenceRoutes
-from gateway.state import GatewayState
-from runtime.errors import EdgefireError
-from runtime.node.heartbeat import HEARTBEAT_PATH
-from runtime.server.errors import InternalErrorMiddleware, handle_error
-from runtime.server.openapi import OPENAPI_PATH, serve_document
 
 
 def create_app(state: GatewayState) -> Starlette:

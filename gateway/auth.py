@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.accounts import AccountStore
-from gateway.errors import AuthError, ForbiddenError
-from gateway.gateways import GatewayConfig
+from edgefire.gateway.accounts import AccountStore
+from edgefire.gateway.errors import AuthError, ForbiddenError
+from edgefire.gateway.gateways import GatewayConfig
 
 _AIG_AUTH = "cf-aig-authorization"
 

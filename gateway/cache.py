@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.redis_link import RedisGuard, RedisUnavailable, connect
-from gateway.settings import GatewaySettings
-from runtime.errors import InvalidInputError
+from edgefire.gateway.redis_link import RedisGuard, RedisUnavailable, connect
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.runtime.errors import InvalidInputError
 
 MIN_CACHE_TTL_S = 60
 MAX_CACHE_TTL_S = 30 * 24 * 3600
@@ -153,8 +153,8 @@ class MemoryCache:
 class RedisCache:
     """A cache shared by every gateway process pointed at the same Redis; Redis expires entries.
 
-    A Redis fault reads as a miss and skips the store (see gateway.redis_link), so a dead or
-    silent Redis slows requests by at most a timeout now and then and never fails them.
+    A Redis fault reads as a miss and skips the store (see edgefire.gateway.redis_link), so a
+    dead or silent Redis slows requests by at most a timeout now and then and never fails them.
     """
 
     def __init__(self, url: str, prefix: str = "edgefire:cache:", *,

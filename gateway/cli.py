@@ -6,19 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from gateway.cli_accounts import add_account_commands
-from gateway.db import Database
-from gateway.settings import GatewaySettings
-from runtime.errors import EdgefireError
-from runtime.log_setup import configure_logging
+from edgefire.gateway.cli_accounts import add_account_commands
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.runtime.errors import EdgefireError
+from edgefire.runtime.log_setup import configure_logging
 
 
 def _start(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from gateway.app import create_app
-    from gateway.node_auth import require_configured
-    from gateway.state import GatewayState
+    from edgefire.gateway.app import create_app
+    from edgefire.gateway.node_auth import require_configured
+    from edgefire.gateway.state import GatewayState
 
     settings = _settings(args)
     state = GatewayState.build(settings)
@@ -29,7 +28,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from gateway.dev import run_dev_fleet
+    from edgefire.gateway.dev import run_dev_fleet
 
     return run_dev_fleet(_settings(args), args.city, Path(args.dev_file), args.node_port)
 

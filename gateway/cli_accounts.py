@@ -7,10 +7,10 @@ import sys
 from collections.abc import Callable
 from contextlib import closing
 
-from gateway.accounts import AccountStore
-from gateway.db import Database, iso_time
-from gateway.errors import NotFoundError
-from runtime.errors import EdgefireError
+from edgefire.gateway.accounts import AccountStore
+from edgefire.gateway.db import Database, iso_time
+from edgefire.gateway.errors import NotFoundError
+from edgefire.runtime.errors import EdgefireError
 
 Handler = Callable[[AccountStore, argparse.Namespace], int]
 

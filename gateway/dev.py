@@ -20,10 +20,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.accounts import AccountStore
-from gateway.db import Database
-from gateway.routing.directory import NodeDirectory
-from gateway.settings import GatewaySettings
+from edgefire.gateway.accounts import AccountStore
+from edgefire.gateway.db import Database
+from edgefire.gateway.routing.directory import NodeDirectory
+from edgefire.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     import uvicorn
@@ -70,9 +70,8 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
                   node_port: int | None = None) -> int:
     """Serve the gateway; its nodes listen on their cities' ports, or from node_port on."""
     import uvicorn
-
-    from gateway.app import create_app
-    from gateway.state import GatewayState
+    from edgefire.gateway.app import create_app
+    from edgefire.gateway.state import GatewayState
 
     settings.gateway_db.parent.mkdir(parents=True, exist_ok=True)
     with closing(Database(settings.gateway_db)) as db:
@@ -88,7 +87,7 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,
                                            port=settings.gateway_port, log_level="info"))
     cities = cities or ["fra"]
-    nodes = {city: subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start",
+    nodes = {city: subprocess.Popen([sys.executable, "-m", "edgefire.edge_nodes.cli", "start",
                                      "--city", city,
                                      *(["--port", str(node_port + i)] if node_port else [])],
                                     env=env)

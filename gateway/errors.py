@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.errors import EdgefireError
+from edgefire.runtime.errors import EdgefireError
 
 
 class NotFoundError(EdgefireError):

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from gateway.db import Database, iso_time
-from gateway.errors import NotFoundError
-from runtime.errors import InvalidInputError
+from edgefire.gateway.db import Database, iso_time
+from edgefire.gateway.errors import NotFoundError
+from edgefire.runtime.errors import InvalidInputError
 
 MAX_PER_PAGE = 100
 # Age pruning runs on a write at most this often, deleting at most a batch at a time, so that

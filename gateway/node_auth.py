@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import AuthError, ConfigError, ForbiddenError
+from edgefire.gateway.errors import AuthError, ConfigError, ForbiddenError
 
 SECRET_HEADER = "x-edgefire-node-secret"  # the node's own name for it (runtime/server/auth.py)
 FLEET = "fleet"

@@ -1,14 +1,15 @@
 """The gateway's OpenAPI document (`GET /openapi.json`), from the schemas its routes check:
-the node's (runtime.server.schemas) for what it forwards, its own (gateway.schemas) for the rest.
+the node's (edgefire.runtime.server.schemas) for what it forwards, its own
+(edgefire.gateway.schemas) for the rest.
 """
 
 from __future__ import annotations
 
-from gateway.schemas import GATEWAY_CREATE, GATEWAY_SETTINGS, UNIVERSAL_STEPS
-from runtime.catalog import Catalog
-from runtime.node.heartbeat import HEARTBEAT_PATH
-from runtime.server.inputs import MAX_PAGE
-from runtime.server.openapi import (
+from edgefire.gateway.schemas import GATEWAY_CREATE, GATEWAY_SETTINGS, UNIVERSAL_STEPS
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH
+from edgefire.runtime.server.inputs import MAX_PAGE
+from edgefire.runtime.server.openapi import (
     ENVELOPE_ERROR,
     OPENAI_ERROR,
     OPENAPI_PATH,
@@ -19,9 +20,9 @@ from runtime.server.openapi import (
     parameter,
     workers_ai_paths,
 )
-from runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, HEARTBEAT
+from edgefire.runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, HEARTBEAT
 
-ACCOUNT = "/client/v4/accounts/{account_id}"  # the route prefixes gateway.app serves
+ACCOUNT = "/client/v4/accounts/{account_id}"  # the route prefixes edgefire.gateway.app serves
 GATEWAY = "/v1/{account_id}/{gateway_id}"
 # An account token as `Authorization: Bearer`, or as `cf-aig-authorization` (the only one an
 # authenticated gateway takes).

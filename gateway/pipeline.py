@@ -14,21 +14,31 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
+from edgefire.gateway.cache import (
+    CachedResponse,
+    CachePolicy,
+    ResponseCache,
+    cache_key,
+    parse_cache_headers,
+)
+from edgefire.gateway.errors import NotFoundError
+from edgefire.gateway.gateways import GatewayConfig
+from edgefire.gateway.logs import LogRecord, LogStore
+from edgefire.gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
+from edgefire.gateway.providers.base import (
+    Provider,
+    UpstreamError,
+    UpstreamRequest,
+    UpstreamResponse,
+)
+from edgefire.gateway.ratelimit import RateLimiter
+from edgefire.gateway.retries import RetryPolicy, send_with_retries
+from edgefire.gateway.stream_guard import guarded
+from edgefire.gateway.usage import Tokens, tokens_from_json, tokens_from_sse
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.errors import EdgefireError, InvalidInputError, UnknownModelError
+from edgefire.runtime.server.errors import RequestTimeoutError, is_openai_path
 from starlette.responses import Response, StreamingResponse
-
-from gateway.cache import CachedResponse, CachePolicy, ResponseCache, cache_key, parse_cache_headers
-from gateway.errors import NotFoundError
-from gateway.gateways import GatewayConfig
-from gateway.logs import LogRecord, LogStore
-from gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
-from gateway.providers.base import Provider, UpstreamError, UpstreamRequest, UpstreamResponse
-from gateway.ratelimit import RateLimiter
-from gateway.retries import RetryPolicy, send_with_retries
-from gateway.stream_guard import guarded
-from gateway.usage import Tokens, tokens_from_json, tokens_from_sse
-from runtime.catalog import Catalog
-from runtime.errors import EdgefireError, InvalidInputError, UnknownModelError
-from runtime.server.errors import RequestTimeoutError, is_openai_path
 
 log = logging.getLogger(__name__)
 

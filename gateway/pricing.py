@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from runtime.errors import InvalidInputError
+from edgefire.runtime.errors import InvalidInputError
 
 CUSTOM_COST_HEADER = "cf-aig-custom-cost"
 _UNITS = {

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gateway.redis_link import RedisGuard, RedisUnavailable, connect
-from gateway.settings import GatewaySettings
-from runtime.errors import EdgefireError
+from edgefire.gateway.redis_link import RedisGuard, RedisUnavailable, connect
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.runtime.errors import EdgefireError
 
 TECHNIQUES = ("fixed", "sliding")
 
@@ -132,7 +132,7 @@ class RedisRateLimiter:
 
     Times come from `clock` (the client's), not Redis's, so all processes must share a clock
     (true on one host; NTP-close across hosts) and tests can drive it. While Redis fails
-    (see gateway.redis_link), `on_error` decides: "open" allows every hit, "closed" raises
+    (see edgefire.gateway.redis_link), `on_error` decides: "open" allows every hit, "closed" raises
     RateLimitUnavailableError.
     """
 

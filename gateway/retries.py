@@ -7,9 +7,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
-from gateway.providers.base import Provider, UpstreamError, UpstreamRequest, UpstreamResponse
-from runtime.errors import InvalidInputError
-from runtime.server.errors import RequestTimeoutError
+from edgefire.gateway.providers.base import (
+    Provider,
+    UpstreamError,
+    UpstreamRequest,
+    UpstreamResponse,
+)
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.server.errors import RequestTimeoutError
 
 BACKOFFS = ("constant", "linear", "exponential")
 

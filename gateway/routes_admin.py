@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import hmac
 
+from edgefire.gateway.auth import bearer
+from edgefire.gateway.errors import AuthError, NotFoundError
+from edgefire.gateway.node_auth import SECRET_HEADER
+from edgefire.gateway.state import GatewayState
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.server.envelope import success
+from edgefire.runtime.server.inputs import page_number, read_json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-
-from gateway.auth import bearer
-from gateway.errors import AuthError, NotFoundError
-from gateway.node_auth import SECRET_HEADER
-from gateway.state import GatewayState
-from runtime.errors import InvalidInputError
-from runtime.server.envelope import success
-from runtime.server.inputs import page_number, read_json
 
 
 class AdminRoutes:

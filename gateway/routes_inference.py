@@ -6,21 +6,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from edgefire.gateway.errors import NotFoundError
+from edgefire.gateway.gateways import GatewayConfig
+from edgefire.gateway.pipeline import GatewayRequest, Step
+from edgefire.gateway.providers.base import UpstreamRequest
+from edgefire.gateway.retries import RetryPolicy
+from edgefire.gateway.schemas import UNIVERSAL_STEPS
+from edgefire.gateway.state import GatewayState
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.server.catalog_api import CatalogRoutes, openai_model_list
+from edgefire.runtime.server.disconnect import unless_disconnected
+from edgefire.runtime.server.inputs import parse_json, read_body
+from edgefire.runtime.server.validation import Checker
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-
-from gateway.errors import NotFoundError
-from gateway.gateways import GatewayConfig
-from gateway.pipeline import GatewayRequest, Step
-from gateway.providers.base import UpstreamRequest
-from gateway.retries import RetryPolicy
-from gateway.schemas import UNIVERSAL_STEPS
-from gateway.state import GatewayState
-from runtime.errors import InvalidInputError
-from runtime.server.catalog_api import CatalogRoutes, openai_model_list
-from runtime.server.disconnect import unless_disconnected
-from runtime.server.inputs import parse_json, read_body
-from runtime.server.validation import Checker
 
 WORKERS_AI = "workers-ai"
 _STEPS = Checker(UNIVERSAL_STEPS)

@@ -1,9 +1,9 @@
 """The gateway's own request schemas (JSON Schema 2020-12): AI Gateway settings and universal
 endpoint steps. The inference bodies it forwards and the heartbeat are the node's
-(runtime.server.schemas).
+(edgefire.runtime.server.schemas).
 
-Bodies are checked against these before anything reads them (gateway.gateways, the universal
-route), and gateway.openapi documents these same dicts.
+Bodies are checked against these before anything reads them (edgefire.gateway.gateways, the
+universal route), and edgefire.gateway.openapi documents these same dicts.
 """
 
 from __future__ import annotations

@@ -5,24 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-
-from gateway.accounts import AccountStore
-from gateway.auth import Authenticator
-from gateway.cache import make_cache
-from gateway.db import Database
-from gateway.gateways import GatewayStore
-from gateway.logs import LogRetention, LogStore
-from gateway.node_auth import NodeCredentials
-from gateway.pipeline import Pipeline
-from gateway.providers.base import Provider, ProviderContext
-from gateway.ratelimit import make_rate_limiter
-from gateway.redis_link import RedisHealth
-from gateway.routing.directory import NodeDirectory
-from gateway.routing.geo import ClientLocator
-from gateway.settings import GatewaySettings, load_gateway_yaml
-from runtime.catalog import Catalog
-from runtime.node.city import all_cities
-from runtime.plugins import load_plugins
+from edgefire.gateway.accounts import AccountStore
+from edgefire.gateway.auth import Authenticator
+from edgefire.gateway.cache import make_cache
+from edgefire.gateway.db import Database
+from edgefire.gateway.gateways import GatewayStore
+from edgefire.gateway.logs import LogRetention, LogStore
+from edgefire.gateway.node_auth import NodeCredentials
+from edgefire.gateway.pipeline import Pipeline
+from edgefire.gateway.providers.base import Provider, ProviderContext
+from edgefire.gateway.ratelimit import make_rate_limiter
+from edgefire.gateway.redis_link import RedisHealth
+from edgefire.gateway.routing.directory import NodeDirectory
+from edgefire.gateway.routing.geo import ClientLocator
+from edgefire.gateway.settings import GatewaySettings, load_gateway_yaml
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.node.city import all_cities
+from edgefire.runtime.plugins import load_plugins
 
 
 @dataclass(slots=True)

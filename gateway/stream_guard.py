@@ -13,10 +13,9 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
-
-from gateway.providers.base import UpstreamError
-from runtime.server.errors import as_api_error, error_body
-from runtime.server.sse import encode_event
+from edgefire.gateway.providers.base import UpstreamError
+from edgefire.runtime.server.errors import as_api_error, error_body
+from edgefire.runtime.server.sse import encode_event
 
 log = logging.getLogger(__name__)
 

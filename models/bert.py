@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from models.precision import dense_precision
+from edgefire.models.precision import dense_precision
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # HF's "gelu" is the exact erf form, not the tanh approximation

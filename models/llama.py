@@ -12,11 +12,10 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-
-from models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
-from models.precision import dense_precision
-from models.rotary import RotaryEmbedding
-from models.row_buckets import dense_linear
+from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from edgefire.models.precision import dense_precision
+from edgefire.models.rotary import RotaryEmbedding
+from edgefire.models.row_buckets import dense_linear
 
 
 @dataclass(slots=True, frozen=True)

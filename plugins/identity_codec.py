@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from runtime.plugins import hookimpl
+from edgefire.runtime.plugins import hookimpl
 
 
 class IdentityCodec:

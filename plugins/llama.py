@@ -6,18 +6,17 @@ import dataclasses
 from pathlib import Path
 
 import torch
-
-from models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
-from plugins.identity_codec import IdentityCodec
-from runtime.catalog import ModelSpec
-from runtime.engine.precision import Precision
-from runtime.model_loader import LoadedModel
-from runtime.plugins import hookimpl
-from runtime.tokenizer import load_gguf_tokenizer
-from runtime.weights import read_gguf, resolve_source
-from runtime.weights.bundle import is_bundle, read_bundle
-from runtime.weights.codec import WeightCodec, through_codec
-from runtime.weights.warm_cache import WarmCache, WarmEntry, cache_key
+from edgefire.models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
+from edgefire.plugins.identity_codec import IdentityCodec
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.model_loader import LoadedModel
+from edgefire.runtime.plugins import hookimpl
+from edgefire.runtime.tokenizer import load_gguf_tokenizer
+from edgefire.runtime.weights import read_gguf, resolve_source
+from edgefire.runtime.weights.bundle import is_bundle, read_bundle
+from edgefire.runtime.weights.codec import WeightCodec, through_codec
+from edgefire.runtime.weights.warm_cache import WarmCache, WarmEntry, cache_key
 
 
 def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedModel:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-
-from runtime.engine.block_manager import BlockManager
-from runtime.engine.kv_pool import KVPool
-from runtime.plugins import hookimpl
+from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.kv_pool import KVPool
+from edgefire.runtime.plugins import hookimpl
 
 
 def create_local_paged_pool(num_blocks: int, block_size: int, cache_shape: tuple[int, ...],

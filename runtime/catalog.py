@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
+from edgefire.runtime.errors import ModelUnavailableError, UnknownModelError
 
-from runtime.errors import ModelUnavailableError, UnknownModelError
-
-DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "catalog.yaml"
+# Package data, so an installed (non-editable) edgefire finds it too.
+DEFAULT_CATALOG = Path(str(files("edgefire") / "catalog.yaml"))
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,15 +7,15 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.catalog import Catalog
-from runtime.engine.sampling_params import SamplingParams
-from runtime.errors import EdgefireError, InvalidInputError
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.errors import EdgefireError, InvalidInputError
 
 DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from runtime.llm import LLM  # torch import is slow; keep `edgefire --help` instant
+    from edgefire.runtime.llm import LLM  # torch import is slow; keep `edgefire --help` instant
 
     started = time.perf_counter()
     llm = LLM(args.model)
@@ -42,9 +42,9 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _compress(args: argparse.Namespace) -> int:
-    from runtime.plugins import load_plugins
-    from runtime.weights import resolve_source
-    from runtime.weights.bundle import DEFAULT_CODEC, default_path, is_bundle, write_bundle
+    from edgefire.runtime.plugins import load_plugins
+    from edgefire.runtime.weights import resolve_source
+    from edgefire.runtime.weights.bundle import DEFAULT_CODEC, default_path, is_bundle, write_bundle
 
     spec = Catalog.load().get_runnable(args.model)
     source = resolve_source(spec.weights)
@@ -64,7 +64,7 @@ def _compress(args: argparse.Namespace) -> int:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from runtime.plugins import load_plugins
+    from edgefire.runtime.plugins import load_plugins
 
     host = load_plugins()
     for info in host.plugins.values():
@@ -75,9 +75,9 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _build_kernels(args: argparse.Namespace) -> int:
-    import models.attention.cpu_kernels  # noqa: F401  (declares its kernel)
-    from models.native import declared_kernels, load_native
-    from runtime.plugins import load_plugins
+    import edgefire.models.attention.cpu_kernels  # noqa: F401  (declares its kernel)
+    from edgefire.models.native import declared_kernels, load_native
+    from edgefire.runtime.plugins import load_plugins
 
     load_plugins()  # the built-in plugins declare theirs
     failed = 0

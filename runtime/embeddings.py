@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from edgefire.runtime.errors import InvalidInputError
 from tokenizers import Tokenizer
-
-from runtime.errors import InvalidInputError
 
 # Text beyond max_seq_length tokens is truncated anyway; the cap only bounds tokenizer work.
 MAX_TEXT_CHARS = 100_000
@@ -34,7 +33,7 @@ class Encoder(Protocol):
     @property
     def weight_bytes(self) -> int: ...
 
-    weight_precision: str  # as runtime.weight_precision names it
+    weight_precision: str  # as edgefire.runtime.weight_precision names it
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from runtime.catalog import ModelSpec
-from runtime.engine.model_runner import CausalLM
-from runtime.engine.precision import Precision
-from runtime.tokenizer import Tokenizer
-from runtime.weights.codec import WeightCodec
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.model_runner import CausalLM
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.tokenizer import Tokenizer
+from edgefire.runtime.weights.codec import WeightCodec
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class ModelLoader(Protocol):
 
 def load_model(spec: ModelSpec, precision: Precision) -> LoadedModel:
     """Load spec with its architecture's loader and its weight codec, both chosen by name."""
-    from runtime.plugins import load_plugins  # plugins import this module's LoadedModel
+    from edgefire.runtime.plugins import load_plugins  # plugins import this module's LoadedModel
 
     host = load_plugins()
     loader: ModelLoader = host.models.get(spec.architecture)

@@ -17,11 +17,10 @@ the `x-edgefire-weight-precision` header (and OpenAI bodies in `system_fingerpri
 from __future__ import annotations
 
 import torch
-
-from models.precision import dense_precision
-from runtime.catalog import ModelSpec
-from runtime.engine.precision import Precision
-from runtime.plugins import load_plugins
+from edgefire.models.precision import dense_precision
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.plugins import load_plugins
 
 PRECISION_HEADER = "x-edgefire-weight-precision"
 

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import httpx
 import yaml
-
-from gateway.app import create_app
-from gateway.db import Database
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
+from edgefire.gateway.app import create_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 ANSWER = {"result": {"response": "hi"}, "success": True, "errors": [], "messages": []}

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from models.attention import AttentionMetadata, PrefillSpan, TorchPagedAttention
-from models.attention.cpu_kernels import paged_decode_kernel
+from edgefire.models.attention import AttentionMetadata, PrefillSpan, TorchPagedAttention
+from edgefire.models.attention.cpu_kernels import paged_decode_kernel
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK = 6, 2, 32, 24, 4
 

@@ -6,10 +6,9 @@ import itertools
 
 import pytest
 import torch
-
-from runtime.engine.block_manager import BlockManager, hash_block
-from runtime.engine.sampling_params import SamplingParams
-from runtime.engine.sequence import Sequence
+from edgefire.runtime.engine.block_manager import BlockManager, hash_block
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.engine.sequence import Sequence
 
 BS = 4
 _ids = itertools.count()

@@ -6,8 +6,7 @@ import threading
 import time
 
 import pytest
-
-from runtime.engine.compute_thread import ComputeThread
+from edgefire.runtime.engine.compute_thread import ComputeThread
 
 
 class Counter:

@@ -7,13 +7,12 @@ import time
 
 import pytest
 import torch
-
-from runtime.catalog import Catalog
-from runtime.embeddings import MAX_TEXT_CHARS, AsyncEmbedder, EmbeddingModel
-from runtime.engine.precision import Precision
-from runtime.errors import InvalidInputError
-from runtime.model_loader import load_model
-from runtime.weights import resolve_source
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.embeddings import MAX_TEXT_CHARS, AsyncEmbedder, EmbeddingModel
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.model_loader import load_model
+from edgefire.runtime.weights import resolve_source
 
 MODEL = "@cf/sentence-transformers/all-minilm-l6-v2"
 

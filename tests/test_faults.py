@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from edgefire.gateway.app import create_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
 
-from gateway.app import create_app
-from gateway.db import Database
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ class Fleet:
                "EDGEFIRE_NODE_SECRET": SECRET, "EDGEFIRE_HEARTBEAT_INTERVAL_S": "0.3",
                "EDGEFIRE_KV_CACHE_MIB": "64"}
         env.pop("EDGEFIRE_PUBLIC_URL", None)  # the node must advertise the port it serves
-        proc = subprocess.Popen([sys.executable, "-m", "edge_nodes.cli", "start", "--city",
+        proc = subprocess.Popen([sys.executable, "-m", "edgefire.edge_nodes.cli", "start", "--city",
                                  city, "--port", str(port)], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"

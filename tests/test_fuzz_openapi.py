@@ -18,23 +18,22 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import schemathesis
+from edgefire.gateway.app import create_app as create_gateway_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.openapi import gateway_document
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH, SECRET_HEADER, HeartbeatSender
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server.app import create_app as create_node_app
+from edgefire.runtime.server.errors import is_openai_path
+from edgefire.runtime.server.openapi import node_document
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
-
-from gateway.app import create_app as create_gateway_app
-from gateway.db import Database
-from gateway.openapi import gateway_document
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
-from runtime.catalog import Catalog
-from runtime.node.city import load_city
-from runtime.node.heartbeat import HEARTBEAT_PATH, SECRET_HEADER, HeartbeatSender
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server.app import create_app as create_node_app
-from runtime.server.errors import is_openai_path
-from runtime.server.openapi import node_document
 
 SECRET = "fuzz-secret"
 ACCOUNT = "f0" * 16  # fixed, so the gateway's schema can pin its paths to the account

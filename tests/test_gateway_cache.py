@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 import redis
-
-from gateway.cache import (
+from edgefire.gateway.cache import (
     DEFAULT_CUSTOM_KEY_TTL_S,
     ENTRY_OVERHEAD_BYTES,
     MAX_CACHE_TTL_S,
@@ -21,8 +20,9 @@ from gateway.cache import (
     make_cache,
     parse_cache_headers,
 )
-from gateway.settings import GatewaySettings
-from runtime.errors import InvalidInputError
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.runtime.errors import InvalidInputError
+
 from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 RESPONSE = CachedResponse(200, {"content-type": "application/json", "x-ü": "ünïcode"},

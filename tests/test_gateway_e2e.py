@@ -9,18 +9,18 @@ import time
 import httpx
 import pytest
 import yaml
+from edgefire.gateway.app import create_app as create_gateway_app
+from edgefire.gateway.cache import MemoryCache
+from edgefire.gateway.db import Database
+from edgefire.gateway.ratelimit import RedisRateLimiter
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server.app import create_app as create_node_app
+from edgefire.runtime.weight_precision import PRECISION_HEADER, compute_precision
 
-from gateway.app import create_app as create_gateway_app
-from gateway.cache import MemoryCache
-from gateway.db import Database
-from gateway.ratelimit import RedisRateLimiter
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
-from runtime.node.city import load_city
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server.app import create_app as create_node_app
-from runtime.weight_precision import PRECISION_HEADER, compute_precision
 from tests.conftest import free_port
 from tests.redis_support import REDIS_URL, needs_redis
 

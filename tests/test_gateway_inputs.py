@@ -7,11 +7,10 @@ import json
 
 import httpx
 import pytest
-
-from gateway.app import create_app
-from gateway.db import Database
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
+from edgefire.gateway.app import create_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
 
 SECRET = "s3cret"
 

@@ -7,14 +7,14 @@ from collections.abc import Callable
 
 import pytest
 import redis
-
-from gateway.ratelimit import (
+from edgefire.gateway.ratelimit import (
     MemoryRateLimiter,
     RateLimiter,
     RedisRateLimiter,
     make_rate_limiter,
 )
-from gateway.settings import GatewaySettings
+from edgefire.gateway.settings import GatewaySettings
+
 from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 Factory = Callable[[FakeClock], RateLimiter]

@@ -16,17 +16,22 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import redis
+from edgefire.gateway.app import create_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.redis_link import (
+    COOLDOWN_S,
+    FAULT_LOG_INTERVAL_S,
+    RedisGuard,
+    RedisUnavailable,
+)
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bench.gateway import MODEL, heartbeat
-from gateway.app import create_app
-from gateway.db import Database
-from gateway.redis_link import COOLDOWN_S, FAULT_LOG_INTERVAL_S, RedisGuard, RedisUnavailable
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 from tests.conftest import free_port
 from tests.redis_support import FakeClock
 
@@ -257,7 +262,7 @@ def test_redis_guard_cools_down_and_logs_a_fault_once_a_minute(caplog):
         for now in (0.0, COOLDOWN_S / 2, COOLDOWN_S, 30.0, FAULT_LOG_INTERVAL_S):
             await attempt_at(now)
 
-    with caplog.at_level(logging.WARNING, logger="gateway.redis_link"):
+    with caplog.at_level(logging.WARNING, logger="edgefire.gateway.redis_link"):
         asyncio.run(main())
     assert calls == [0.0, COOLDOWN_S, 30.0, FAULT_LOG_INTERVAL_S]  # none while cooling down
     assert [r.getMessage().count("test user") for r in caplog.records] == [1, 1]

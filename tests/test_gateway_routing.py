@@ -6,17 +6,16 @@ import asyncio
 import json
 
 import pytest
-
-from gateway.errors import ForbiddenError
-from gateway.routing.directory import NodeDirectory
-from gateway.routing.geo import (
+from edgefire.gateway.errors import ForbiddenError
+from edgefire.gateway.routing.directory import NodeDirectory
+from edgefire.gateway.routing.geo import (
     COUNTRY_CENTROIDS,
     ClientLocator,
     great_circle_km,
     latency_ms,
 )
-from runtime.errors import InvalidInputError
-from runtime.node.city import City, all_cities
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.node.city import City, all_cities
 
 CITIES = {c.code: c for c in all_cities()}
 SMALL = "@cf/huggingfacetb/smollm2-135m-instruct"

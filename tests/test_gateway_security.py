@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from edgefire.gateway.errors import ConfigError
+from edgefire.gateway.node_auth import NodeCredentials
 
-from gateway.errors import ConfigError
-from gateway.node_auth import NodeCredentials
 from tests.conftest import free_port
 from tests.gateway_fakes import MODEL, RecordingUpstream, gateway, heartbeat
 
@@ -39,7 +39,7 @@ def secured(serve, tmp_path, monkeypatch):
 def test_start_refuses_without_node_credentials(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEFIRE_")}
     env |= {"EDGEFIRE_GATEWAY_DB": str(tmp_path / "gw.db"), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "start", "--port",
+    done = subprocess.run([sys.executable, "-m", "edgefire.gateway.cli", "start", "--port",
                            str(free_port())], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2

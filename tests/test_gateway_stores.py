@@ -10,17 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 
 import pytest
+from edgefire.gateway import logs as logs_module
+from edgefire.gateway.accounts import AccountStore
+from edgefire.gateway.cli_accounts import add_account_commands
+from edgefire.gateway.db import Database
+from edgefire.gateway.errors import ConflictError, NotFoundError
+from edgefire.gateway.gateways import GatewayStore
+from edgefire.gateway.logs import LogRecord, LogRetention, LogStore, new_log_id
+from edgefire.gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.errors import InvalidInputError
 
-from gateway import logs as logs_module
-from gateway.accounts import AccountStore
-from gateway.cli_accounts import add_account_commands
-from gateway.db import Database
-from gateway.errors import ConflictError, NotFoundError
-from gateway.gateways import GatewayStore
-from gateway.logs import LogRecord, LogRetention, LogStore, new_log_id
-from gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
-from runtime.catalog import Catalog
-from runtime.errors import InvalidInputError
 from tests.redis_support import FakeClock
 
 

@@ -8,10 +8,9 @@ import time
 from dataclasses import dataclass
 
 import pytest
-
-from runtime.catalog import Catalog, ModelSpec
-from runtime.errors import ModelUnavailableError, UnknownModelError
-from runtime.node.model_registry import CapacityError, ModelRegistry
+from edgefire.runtime.catalog import Catalog, ModelSpec
+from edgefire.runtime.errors import ModelUnavailableError, UnknownModelError
+from edgefire.runtime.node.model_registry import CapacityError, ModelRegistry
 
 MIB = 1 << 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from models.native import build_name
+from edgefire.models.native import build_name
 
 
 def test_build_names_differ_by_checkout_and_by_source(tmp_path):
@@ -22,7 +22,7 @@ def test_build_names_differ_by_checkout_and_by_source(tmp_path):
 
 
 def test_build_kernels_prebuilds_every_declared_kernel():
-    done = subprocess.run([sys.executable, "-m", "runtime.cli", "build-kernels"],
+    done = subprocess.run([sys.executable, "-m", "edgefire.runtime.cli", "build-kernels"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     for name in ("edgefire_paged_decode", "edgefire_unweight_decode",

@@ -17,15 +17,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.llm_engine import LLMEngine
-from runtime.node.city import load_city
-from runtime.node.node import EdgeNode
-from runtime.node.served import TextModel
-from runtime.node.settings import NodeSettings
-from runtime.server import create_app
-from runtime.tokenizer import Tokenizer
+from edgefire.runtime.engine.async_engine import AsyncEngine
+from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.served import TextModel
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
+from edgefire.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 

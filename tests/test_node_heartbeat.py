@@ -8,17 +8,16 @@ import time
 from collections.abc import Callable
 
 import pytest
+from edgefire.gateway.routing.directory import NodeDirectory
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.heartbeat import HeartbeatSender
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server.app import create_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-
-from gateway.routing.directory import NodeDirectory
-from runtime.node.city import load_city
-from runtime.node.heartbeat import HeartbeatSender
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server.app import create_app
 
 
 def recording_gateway(beats: list[tuple[dict, dict]]) -> Starlette:
@@ -80,7 +79,7 @@ def test_no_secret_header_without_a_secret(serve) -> None:
 
 
 def test_dead_gateway_does_not_raise(caplog) -> None:
-    with caplog.at_level("DEBUG", logger="runtime.node.heartbeat"):
+    with caplog.at_level("DEBUG", logger="edgefire.runtime.node.heartbeat"):
         sender = HeartbeatSender(EdgeNode(load_city("fra")), free_port_url(), "http://x", 0.05,
                                  None)
         sender.start()

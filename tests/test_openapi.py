@@ -6,28 +6,27 @@ from __future__ import annotations
 import httpx
 import pytest
 import schemathesis
-
-from gateway.app import create_app as create_gateway_app
-from gateway.db import Database
-from gateway.openapi import gateway_document
-from gateway.schemas import GATEWAY_CREATE
-from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
-from runtime.errors import InvalidInputError
-from runtime.node.city import load_city
-from runtime.node.heartbeat import HeartbeatSender
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server.app import create_app as create_node_app
-from runtime.server.openapi import node_document
-from runtime.server.schemas import (
+from edgefire.gateway.app import create_app as create_gateway_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.openapi import gateway_document
+from edgefire.gateway.schemas import GATEWAY_CREATE
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.heartbeat import HeartbeatSender
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server.app import create_app as create_node_app
+from edgefire.runtime.server.openapi import node_document
+from edgefire.runtime.server.schemas import (
     CHAT_COMPLETIONS_REQUEST,
     HEARTBEAT,
     TEXT_EMBEDDINGS_INPUT,
     TEXT_GENERATION_INPUT,
 )
-from runtime.server.tasks import TASKS
-from runtime.server.validation import Checker
+from edgefire.runtime.server.tasks import TASKS
+from edgefire.runtime.server.validation import Checker
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 RUN = "/client/v4/accounts/{account_id}/ai/run"

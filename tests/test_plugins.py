@@ -7,11 +7,15 @@ import logging
 import types
 
 import pytest
-
-from runtime.cli import main as cli_main
-from runtime.plugins import DuplicatePluginError, PluginHost, UnknownComponentError, hookimpl
-from runtime.plugins import manager as plugin_manager
-from runtime.plugins.manager import allow_list_from_env
+from edgefire.runtime.cli import main as cli_main
+from edgefire.runtime.plugins import (
+    DuplicatePluginError,
+    PluginHost,
+    UnknownComponentError,
+    hookimpl,
+)
+from edgefire.runtime.plugins import manager as plugin_manager
+from edgefire.runtime.plugins.manager import allow_list_from_env
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 
@@ -43,7 +47,9 @@ def _codec_plugin(codec_name: str) -> types.ModuleType:
 
 def test_builtins_and_installed_entry_point_are_discovered():
     host = PluginHost().load()
-    assert {"plugins.llama", "plugins.local_paged", "plugins.identity_codec"} <= set(host.plugins)
+    builtins = {"edgefire.plugins.llama", "edgefire.plugins.local_paged",
+                "edgefire.plugins.identity_codec"}
+    assert builtins <= set(host.plugins)
     dummy = host.plugins["dummy"]
     assert dummy.source == "edgefire-dummy-plugin==0.1.0"
     assert {(r.kind, r.name) for r in dummy.registrations} == {
@@ -80,7 +86,7 @@ def test_failing_plugins_are_logged_and_skipped(monkeypatch, caplog):
         _FakeEntryPoint("good", _codec_plugin("good_codec")),
     ]
     monkeypatch.setattr(plugin_manager, "entry_points", lambda group: fakes)
-    with caplog.at_level(logging.ERROR, logger="runtime.plugins.manager"):
+    with caplog.at_level(logging.ERROR, logger="edgefire.runtime.plugins.manager"):
         host = PluginHost().load()
     assert "good" in host.plugins and "good_codec" in host.codecs.names()
     assert "broken_import" not in host.plugins and "broken_register" not in host.plugins
@@ -101,7 +107,7 @@ def test_loading_and_registering_are_idempotent():
     host = PluginHost().load()
     before = {kind: r.names() for kind, r in host.registries.items()}
     host.load()
-    host.register(_codec_plugin("x"), "plugins.llama", "again")  # a known name: ignored
+    host.register(_codec_plugin("x"), "edgefire.plugins.llama", "again")  # a known name: ignored
     assert {kind: r.names() for kind, r in host.registries.items()} == before
 
 
@@ -120,7 +126,7 @@ def test_cli_lists_plugins_and_their_source(capsys):
 
 @pytest.fixture(scope="module")
 def reference_tokens():
-    from runtime import LLM, SamplingParams
+    from edgefire.runtime import LLM, SamplingParams
 
     llm = LLM(MODEL, dtype="float32")
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -130,10 +136,9 @@ def reference_tokens():
 @pytest.mark.slow
 def test_third_party_codec_and_kv_backend_are_used_by_name(reference_tokens):
     import edgefire_dummy
-
-    from runtime import LLM, EngineConfig, SamplingParams
-    from runtime.catalog import Catalog
-    from runtime.plugins import load_plugins
+    from edgefire.runtime import LLM, EngineConfig, SamplingParams
+    from edgefire.runtime.catalog import Catalog
+    from edgefire.runtime.plugins import load_plugins
 
     spec = dataclasses.replace(Catalog.load().get(MODEL), codec="dummy_zlib")
     before = dict(edgefire_dummy.calls)

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
-from plugins.quant import QuantCodec
-from plugins.quant.linear import HAS_INT4_KERNEL, HAS_INT8_KERNEL, Int4Linear, Int8Linear
+from edgefire.plugins.quant import QuantCodec
+from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, HAS_INT8_KERNEL, Int4Linear, Int8Linear
 
 TEXT = Path(__file__).parent / "data" / "perplexity.txt"
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -91,7 +90,7 @@ def test_codec_names_precision_and_stored_form() -> None:
 
 
 def test_unquantized_layers_still_take_dense_tensors() -> None:
-    from models.llama import _linear
+    from edgefire.models.llama import _linear
 
     w, x = _weight(), torch.randn(4, 256)
     assert torch.equal(_linear(x, w), F.linear(x, w))
@@ -99,9 +98,9 @@ def test_unquantized_layers_still_take_dense_tensors() -> None:
 
 @pytest.fixture(scope="module")
 def loaded():
-    from plugins.quant.evaluate import load_with_codec
-    from runtime.catalog import Catalog
-    from runtime.engine.precision import Precision
+    from edgefire.plugins.quant.evaluate import load_with_codec
+    from edgefire.runtime.catalog import Catalog
+    from edgefire.runtime.engine.precision import Precision
 
     spec = Catalog.load().get_runnable(MODEL)
     precision = Precision.parse("bfloat16")
@@ -120,8 +119,8 @@ def test_quantized_models_report_precision_and_shrink(loaded) -> None:
 
 @pytest.mark.slow
 def test_catalog_variants_state_the_precision_their_models_report(loaded) -> None:
-    from runtime.catalog import Catalog
-    from runtime.weight_precision import stated_precision
+    from edgefire.runtime.catalog import Catalog
+    from edgefire.runtime.weight_precision import stated_precision
 
     catalog = Catalog.load()
     for codec, name in (("identity", MODEL), ("int8", f"{MODEL}-int8"), ("int4", f"{MODEL}-int4")):
@@ -134,8 +133,8 @@ def test_catalog_variants_state_the_precision_their_models_report(loaded) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", ["int8", "int4"])
 def test_quantized_models_generate_coherent_text(loaded, codec: str) -> None:
-    from runtime.engine.llm_engine import EngineConfig, LLMEngine
-    from runtime.engine.sampling_params import SamplingParams
+    from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+    from edgefire.runtime.engine.sampling_params import SamplingParams
 
     lm = loaded[codec]
     engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(dtype="bfloat16"), lm.vocab_size)
@@ -148,7 +147,7 @@ def test_quantized_models_generate_coherent_text(loaded, codec: str) -> None:
 
 @pytest.mark.slow
 def test_perplexity_within_targets(loaded) -> None:
-    from plugins.quant.evaluate import perplexity
+    from edgefire.plugins.quant.evaluate import perplexity
 
     text = TEXT.read_text()
     ppl = {codec: perplexity(lm.model, lm.tokenizer.encode(text)) for codec, lm in loaded.items()}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from models.row_buckets import EXACT_BELOW, bucket_rows, dense_linear
+from edgefire.models.row_buckets import EXACT_BELOW, bucket_rows, dense_linear
 
 
 def test_buckets_are_few_and_never_smaller():

@@ -7,16 +7,15 @@ import math
 
 import pytest
 import torch
-
-from runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
-from runtime.engine.sampling_params import (
+from edgefire.runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
+from edgefire.runtime.engine.sampling_params import (
     MAX_SEED,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     SamplingParams,
 )
-from runtime.engine.sequence import Sequence
-from runtime.errors import InvalidInputError
+from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.errors import InvalidInputError
 
 VOCAB = 50
 _ids = itertools.count()

@@ -10,11 +10,10 @@ from __future__ import annotations
 import itertools
 
 import torch
-
-from runtime.engine.block_manager import BlockManager
-from runtime.engine.sampling_params import SamplingParams
-from runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from runtime.engine.sequence import Sequence, SequenceStatus
+from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from edgefire.runtime.engine.sequence import Sequence, SequenceStatus
 
 BS = 4
 DUMMY = 7

@@ -10,16 +10,15 @@ import uuid
 import httpx
 import jsonschema_rs
 import pytest
-
-from runtime.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from runtime.node.city import load_city
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server import create_app
-from runtime.server.catalog_api import model_object
-from runtime.server.generation import TextGenerator
-from runtime.server.metrics import ServerMetrics
-from runtime.weight_precision import compute_precision
+from edgefire.runtime.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
+from edgefire.runtime.server.catalog_api import model_object
+from edgefire.runtime.server.generation import TextGenerator
+from edgefire.runtime.server.metrics import ServerMetrics
+from edgefire.runtime.weight_precision import compute_precision
 
 API = "/client/v4/accounts/acct/ai"
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"

@@ -5,11 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-
-from runtime.node.city import load_city
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server import create_app
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
 
 pytestmark = pytest.mark.slow
 

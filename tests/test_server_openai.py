@@ -6,12 +6,11 @@ import math
 
 import openai
 import pytest
-
-from runtime.node.city import load_city
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server import create_app
-from runtime.weight_precision import PRECISION_HEADER, compute_precision
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
+from edgefire.runtime.weight_precision import PRECISION_HEADER, compute_precision
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-
-from runtime.engine.llm_engine import LLMEngine
-from runtime.node.city import load_city
-from runtime.node.node import EdgeNode
-from runtime.node.settings import NodeSettings
-from runtime.server import create_app
-from runtime.weight_precision import PRECISION_HEADER, compute_precision, stated_precision
+from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.node.city import load_city
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
+from edgefire.runtime.weight_precision import PRECISION_HEADER, compute_precision, stated_precision
 
 pytestmark = pytest.mark.slow
 

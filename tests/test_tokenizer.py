@@ -7,9 +7,13 @@ import os
 
 import gguf
 import pytest
-
-from runtime.errors import InvalidInputError
-from runtime.tokenizer import ChatTemplate, IncrementalDetokenizer, Tokenizer, load_gguf_tokenizer
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.tokenizer import (
+    ChatTemplate,
+    IncrementalDetokenizer,
+    Tokenizer,
+    load_gguf_tokenizer,
+)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

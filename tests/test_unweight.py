@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from plugins.unweight import (
+from edgefire.plugins.unweight import (
     Passthrough,
     UnweightCodec,
     decode,
@@ -18,8 +16,9 @@ from plugins.unweight import (
     to_bytes,
     to_inference_form,
 )
-from plugins.unweight.form import decode_distribution
-from runtime.weights import read_gguf, resolve_source
+from edgefire.plugins.unweight.form import decode_distribution
+from edgefire.runtime.weights import read_gguf, resolve_source
+from safetensors.torch import load_file
 
 SMOLLM = "@cf/huggingfacetb/smollm2-135m-instruct"
 

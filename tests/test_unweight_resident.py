@@ -9,15 +9,14 @@ import time
 
 import pytest
 import torch
-
-from plugins.unweight import autotune
-from plugins.unweight.inference import _encode_rows, decode_inference, inference_form
-from plugins.unweight.native import resident_kernels
-from plugins.unweight.resident import UnweightLinear
-from runtime.catalog import Catalog
-from runtime.engine.sampling_params import SamplingParams
-from runtime.llm import LLM
-from runtime.weights.warm_cache import cache_root
+from edgefire.plugins.unweight import autotune
+from edgefire.plugins.unweight.inference import _encode_rows, decode_inference, inference_form
+from edgefire.plugins.unweight.native import resident_kernels
+from edgefire.plugins.unweight.resident import UnweightLinear
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.llm import LLM
+from edgefire.runtime.weights.warm_cache import cache_root
 
 SMOLLM = "@cf/huggingfacetb/smollm2-135m-instruct"
 needs_kernels = pytest.mark.skipif(resident_kernels() is None, reason="no native kernels")
@@ -91,7 +90,7 @@ def test_fused_and_decoded_matmuls_agree_with_the_dense_weight(rows, dtype):
 def test_without_native_kernels_torch_decodes_before_each_use(monkeypatch):
     w = _weight(40, 128)
     resident = UnweightLinear.from_weight(w)  # tuned with kernels, where there are any
-    monkeypatch.setattr("plugins.unweight.resident.resident_kernels", lambda: None)
+    monkeypatch.setattr("edgefire.plugins.unweight.resident.resident_kernels", lambda: None)
     assert torch.equal(_bits(resident.decode()), _bits(w))
     assert torch.equal(_bits(resident.rows(torch.tensor([1, 39]))), _bits(w[[1, 39]]))
     x = torch.randn(3, 128)

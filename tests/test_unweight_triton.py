@@ -22,8 +22,8 @@ if DEVICE == "cpu":
 
 pytest.importorskip("triton")
 
-from plugins.unweight import triton_matmul  # noqa: E402
-from plugins.unweight.inference import (  # noqa: E402
+from edgefire.plugins.unweight import triton_matmul  # noqa: E402
+from edgefire.plugins.unweight.inference import (  # noqa: E402
     decode_inference,
     inference_form,
     row_verbatim_start,
@@ -187,7 +187,7 @@ COMPILE_FOR_GPU = textwrap.dedent("""
     import triton, triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from plugins.unweight import triton_matmul as tm
+    from edgefire.plugins.unweight import triton_matmul as tm
     u8 = "*u8"
     common = {"palette": u8, "packed": u8, "sign_mantissa": u8, "flags": u8,
               "verbatim": "*i16", "verbatim_start": "*i32"}

@@ -8,21 +8,18 @@ import logging
 import os
 from pathlib import Path
 
+import edgefire.plugins.llama
 import gguf
 import pytest
 import torch
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models
-
-import plugins.llama
-from runtime.catalog import Catalog, ModelSpec
-from runtime.engine.llm_engine import EngineConfig, LLMEngine
-from runtime.engine.precision import Precision
-from runtime.engine.sampling_params import SamplingParams
-from runtime.model_loader import LoadedModel, load_model
-from runtime.tokenizer import Tokenizer
-from runtime.tokenizer.gguf_tokenizer import _Meta
-from runtime.weights.warm_cache import (
+from edgefire.runtime.catalog import Catalog, ModelSpec
+from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.model_loader import LoadedModel, load_model
+from edgefire.runtime.tokenizer import Tokenizer
+from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
+from edgefire.runtime.weights.warm_cache import (
     ENV_VAR,
     META_FILE,
     WEIGHTS_FILE,
@@ -30,6 +27,8 @@ from runtime.weights.warm_cache import (
     WarmEntry,
     cache_key,
 )
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 PROMPTS = ["The capital of France is Paris. The capital of Germany is",
@@ -142,7 +141,7 @@ def _forbid_gguf(monkeypatch) -> None:
 
     monkeypatch.setattr(gguf, "GGUFReader", forbidden)
     monkeypatch.setattr(gguf.quants, "dequantize", forbidden)
-    monkeypatch.setattr(plugins.llama, "load_gguf_tokenizer", forbidden)
+    monkeypatch.setattr(edgefire.plugins.llama, "load_gguf_tokenizer", forbidden)
 
 
 def _greedy(loaded: LoadedModel) -> list[list[int]]:

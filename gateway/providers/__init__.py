@@ -1,6 +1,6 @@
 """Providers: how the gateway turns a request into an upstream call (edge fleet or a URL)."""
 
-from gateway.providers.base import (
+from edgefire.gateway.providers.base import (
     Provider,
     ProviderContext,
     UpstreamError,

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
-
-from gateway.node_auth import NodeCredentials
-from runtime.catalog import Catalog
-from runtime.errors import EdgefireError
-from runtime.weight_precision import PRECISION_HEADER
+from edgefire.gateway.node_auth import NodeCredentials
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.errors import EdgefireError
+from edgefire.runtime.weight_precision import PRECISION_HEADER
 
 
 @dataclass(slots=True)
@@ -58,7 +57,7 @@ class ProviderContext:
 
     catalog: Catalog
     http: httpx.AsyncClient
-    directory: object  # gateway.routing.directory.NodeDirectory
+    directory: object  # edgefire.gateway.routing.directory.NodeDirectory
     node_credentials: NodeCredentials  # which secret to send to each node
     settings: dict  # this provider's section of gateway.yaml
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from gateway.errors import ConfigError
-from gateway.providers.base import ProviderContext, UpstreamRequest, UpstreamResponse, forward
-from runtime.errors import InvalidInputError
+from edgefire.gateway.errors import ConfigError
+from edgefire.gateway.providers.base import (
+    ProviderContext,
+    UpstreamRequest,
+    UpstreamResponse,
+    forward,
+)
+from edgefire.runtime.errors import InvalidInputError
 
 # The OpenAI API's POST endpoints for inference, with or without the version prefix (base_url
 # may or may not end in /v1). Files, fine-tuning, batches and the like are left out: they act

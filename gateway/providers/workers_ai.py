@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 
-from gateway.node_auth import SECRET_HEADER
-from gateway.providers.base import (
+from edgefire.gateway.node_auth import SECRET_HEADER
+from edgefire.gateway.providers.base import (
     ProviderContext,
     UpstreamError,
     UpstreamRequest,
     UpstreamResponse,
     forward,
 )
-from runtime.errors import EdgefireError, InvalidInputError
+from edgefire.runtime.errors import EdgefireError, InvalidInputError
 
 NO_CAPACITY = "No more data centers to forward the request to"
 STARTING = "The edge fleet is starting: no node is ready yet; retry in a few seconds"

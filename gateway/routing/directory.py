@@ -8,11 +8,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from gateway.errors import ForbiddenError
-from gateway.node_auth import OPEN
-from gateway.routing.geo import great_circle_km, latency_ms
-from gateway.routing.report import validate
-from runtime.errors import InvalidInputError
+from edgefire.gateway.errors import ForbiddenError
+from edgefire.gateway.node_auth import OPEN
+from edgefire.gateway.routing.geo import great_circle_km, latency_ms
+from edgefire.gateway.routing.report import validate
+from edgefire.runtime.errors import InvalidInputError
 
 # A cold load takes seconds, but whether a node is worth it also depends on the user's
 # latency on every later request: this many ms lets a loaded neighbour (tens of ms

@@ -11,9 +11,9 @@ import ipaddress
 import re
 from urllib.parse import urlsplit
 
-from runtime.errors import InvalidInputError
-from runtime.server.schemas import HEARTBEAT
-from runtime.server.validation import Checker
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.server.schemas import HEARTBEAT
+from edgefire.runtime.server.validation import Checker
 
 MAX_URL_CHARS = HEARTBEAT["properties"]["url"]["maxLength"]
 _HOST = re.compile(r"[A-Za-z0-9.-]{1,253}")

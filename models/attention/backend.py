@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-
-from models.attention.metadata import AttentionMetadata
+from edgefire.models.attention.metadata import AttentionMetadata
 
 
 class AttentionBackend(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.native import native_kernel
+from edgefire.models.native import native_kernel
 
 # The compiled paged-decode module, or None: attention then falls back to torch SDPA.
 paged_decode_kernel = native_kernel("edgefire_paged_decode",

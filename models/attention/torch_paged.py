@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from models.attention.cpu_kernels import paged_decode_kernel
-from models.attention.metadata import AttentionMetadata
+from edgefire.models.attention.cpu_kernels import paged_decode_kernel
+from edgefire.models.attention.metadata import AttentionMetadata
 
 
 class TorchPagedAttention:

@@ -11,7 +11,7 @@ is the resident form. Beyond the WeightCodec contract they offer:
 
 - `precision`: the name the loaded model reports as `weight_precision` ("int8", "int4-g32");
 - `to_resident(tensor)`: a projection weight's packed form, whose `linear(x)` the model calls
-  instead of `F.linear(x, W)` (see models.llama.ResidentLinear).
+  instead of `F.linear(x, W)` (see edgefire.models.llama.ResidentLinear).
 
 The loader applies them with `model.make_resident(codec.to_resident, codec.precision)` when the
 codec has `to_resident`. Only the layers' qkv/o/gate_up/down projections are quantized:
@@ -24,9 +24,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-
-from plugins.quant.linear import Int4Linear, Int8Linear
-from runtime.plugins import hookimpl
+from edgefire.plugins.quant.linear import Int4Linear, Int8Linear
+from edgefire.runtime.plugins import hookimpl
 
 
 @dataclass(slots=True)

@@ -7,11 +7,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-
-from models.attention import AttentionMetadata, PrefillSpan
-from runtime.catalog import ModelSpec
-from runtime.engine.precision import Precision
-from runtime.model_loader import LoadedModel, load_model
+from edgefire.models.attention import AttentionMetadata, PrefillSpan
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.model_loader import LoadedModel, load_model
 
 
 def load_with_codec(spec: ModelSpec, codec_name: str, precision: Precision) -> LoadedModel:

@@ -8,17 +8,16 @@ decode, for an engine that keeps weights compressed while resident.
 from __future__ import annotations
 
 import torch
-
-from plugins.unweight.form import Distribution, Passthrough, decode_distribution, encode
-from plugins.unweight.inference import (
+from edgefire.plugins.unweight.form import Distribution, Passthrough, decode_distribution, encode
+from edgefire.plugins.unweight.inference import (
     Inference,
     decode_inference,
     inference_form,
     to_inference_form,
 )
-from plugins.unweight.resident import UnweightLinear
-from plugins.unweight.serial import from_bytes, to_bytes
-from runtime.plugins import hookimpl
+from edgefire.plugins.unweight.resident import UnweightLinear
+from edgefire.plugins.unweight.serial import from_bytes, to_bytes
+from edgefire.runtime.plugins import hookimpl
 
 __all__ = ["Distribution", "Inference", "Passthrough", "UnweightCodec", "UnweightLinear", "decode",
            "decode_distribution", "decode_inference", "encode", "from_bytes", "inference_form",

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from plugins.unweight import huffman
-from plugins.unweight.native import decoder
+from edgefire.plugins.unweight import huffman
+from edgefire.plugins.unweight.native import decoder
 
 PALETTE_SIZE = 16
 ROW_WIDTH = 64

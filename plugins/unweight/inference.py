@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from plugins.unweight.form import PALETTE_SIZE, ROW_WIDTH, Distribution, decode_distribution
-from plugins.unweight.native import resident_kernels
+from edgefire.plugins.unweight.form import (
+    PALETTE_SIZE,
+    ROW_WIDTH,
+    Distribution,
+    decode_distribution,
+)
+from edgefire.plugins.unweight.native import resident_kernels
 
 NATIVE_ROW_WIDTH = 64  # the width the native kernels are built for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.native import native_kernel
+from edgefire.models.native import native_kernel
 
 _HERE = Path(__file__).parent
 

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from plugins.unweight import autotune
-from plugins.unweight.inference import (
+from edgefire.plugins.unweight import autotune
+from edgefire.plugins.unweight.inference import (
     Inference,
     decode_inference,
     inference_form,
     row_verbatim_start,
 )
-from plugins.unweight.native import resident_kernels
+from edgefire.plugins.unweight.native import resident_kernels
 
 
 @dataclass(slots=True)

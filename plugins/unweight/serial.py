@@ -10,8 +10,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-
-from plugins.unweight.form import Distribution, Layout
+from edgefire.plugins.unweight.form import Distribution, Layout
 
 MAGIC = b"UWD1"
 # magic, ndim, palette size, max code bits, row width, chunk, numel, verbatim rows, chunks,

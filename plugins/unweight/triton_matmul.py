@@ -14,8 +14,7 @@ the interpreter when it decorates a function, its own `tl.*` helpers included).
 from __future__ import annotations
 
 import torch
-
-from plugins.unweight.inference import Inference, row_verbatim_start
+from edgefire.plugins.unweight.inference import Inference, row_verbatim_start
 
 try:
     import triton

@@ -3,7 +3,7 @@
 Torch releases the GIL inside its kernels, so an HTTP server's event loop keeps serving while a
 step runs. Requests and aborts reach the compute thread through a command queue drained before
 each step; outputs come back through each request's asyncio queue. A node shares one compute
-thread between its models (runtime.engine.compute_thread says why); alone, an AsyncEngine
+thread between its models (edgefire.runtime.engine.compute_thread says why); alone, an AsyncEngine
 starts its own.
 """
 
@@ -13,12 +13,12 @@ import asyncio
 import logging
 from collections import deque
 
-from runtime.engine.compute_thread import ComputeThread
-from runtime.engine.llm_engine import LLMEngine, StepFailedError
-from runtime.engine.outputs import RequestOutput
-from runtime.engine.sampling_params import SamplingParams
-from runtime.engine.sequence import Sequence
-from runtime.errors import EdgefireError, InvalidInputError
+from edgefire.runtime.engine.compute_thread import ComputeThread
+from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
+from edgefire.runtime.engine.outputs import RequestOutput
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.errors import EdgefireError, InvalidInputError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from runtime.engine.sequence import Sequence
+from edgefire.runtime.engine.sequence import Sequence
 
 
 @dataclass(slots=True)

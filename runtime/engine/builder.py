@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from runtime.catalog import ModelSpec
-from runtime.engine.llm_engine import EngineConfig, LLMEngine
-from runtime.model_loader import LoadedModel, load_model
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.model_loader import LoadedModel, load_model
 
 
 def build_engine(spec: ModelSpec, config: EngineConfig) -> tuple[LLMEngine, LoadedModel]:

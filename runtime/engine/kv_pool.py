@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-
-from runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.block_manager import BlockManager
 
 
 @dataclass(slots=True)

@@ -6,18 +6,17 @@ import secrets
 from dataclasses import dataclass
 
 import torch
-
-from runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
-from runtime.engine.output_processor import OutputProcessor
-from runtime.engine.outputs import RequestOutput
-from runtime.engine.precision import Precision
-from runtime.engine.sampler import Sampler
-from runtime.engine.sampling_params import SamplingParams
-from runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from runtime.engine.sequence import Sequence
-from runtime.errors import ContextLengthError, InvalidInputError
-from runtime.plugins import load_plugins
-from runtime.tokenizer import Tokenizer
+from edgefire.runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
+from edgefire.runtime.engine.output_processor import OutputProcessor
+from edgefire.runtime.engine.outputs import RequestOutput
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.sampler import Sampler
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.errors import ContextLengthError, InvalidInputError
+from edgefire.runtime.plugins import load_plugins
+from edgefire.runtime.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-
-from models.attention import AttentionMetadata, PrefillSpan
-from runtime.engine.precision import Precision
-from runtime.engine.scheduler import ScheduledBatch
-from runtime.engine.sequence import Sequence
+from edgefire.models.attention import AttentionMetadata, PrefillSpan
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.scheduler import ScheduledBatch
+from edgefire.runtime.engine.sequence import Sequence
 
 
 class CausalLM(Protocol):
     kv_dtype: torch.dtype
-    weight_precision: str  # as runtime.weight_precision names it
+    weight_precision: str  # as edgefire.runtime.weight_precision names it
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]: ...
 

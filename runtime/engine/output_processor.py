@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.engine.outputs import RequestOutput, Usage
-from runtime.engine.sequence import Sequence
-from runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from edgefire.runtime.engine.outputs import RequestOutput, Usage
+from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass(slots=True)

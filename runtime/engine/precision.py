@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from runtime.errors import InvalidInputError
+from edgefire.runtime.errors import InvalidInputError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

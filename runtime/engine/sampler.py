@@ -7,8 +7,7 @@ whatever else shares its batch.
 from __future__ import annotations
 
 import torch
-
-from runtime.engine.sequence import Sequence
+from edgefire.runtime.engine.sequence import Sequence
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from runtime.engine.block_manager import BlockManager
-from runtime.engine.sequence import Sequence, SequenceStatus
+from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)

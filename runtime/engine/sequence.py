@@ -7,8 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
-from runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
 
-CITIES_DIR = Path(__file__).resolve().parents[2] / "edge_nodes"
+# Package data of edgefire.edge_nodes, so an installed edgefire finds the cities too.
+CITIES_DIR = Path(str(files("edgefire.edge_nodes")))
 
 
 @dataclass(slots=True, frozen=True)

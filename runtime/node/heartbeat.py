@@ -17,9 +17,8 @@ import threading
 import time
 
 import httpx
-
-from runtime.node.node import EdgeNode
-from runtime.node.served import TextModel
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.served import TextModel
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
-from runtime.catalog import Catalog, ModelSpec
-from runtime.errors import EdgefireError
+from edgefire.runtime.catalog import Catalog, ModelSpec
+from edgefire.runtime.errors import EdgefireError
 
 log = logging.getLogger(__name__)
 

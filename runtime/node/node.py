@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from runtime.catalog import Catalog
-from runtime.engine.compute_thread import ComputeThread
-from runtime.node.city import City
-from runtime.node.model_registry import ModelRegistry
-from runtime.node.served import build_served_model
-from runtime.node.settings import NodeSettings
-from runtime.plugins import load_plugins
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.engine.compute_thread import ComputeThread
+from edgefire.runtime.node.city import City
+from edgefire.runtime.node.model_registry import ModelRegistry
+from edgefire.runtime.node.served import build_served_model
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.plugins import load_plugins
 
 log = logging.getLogger(__name__)
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.async_engine import AsyncEngine
+from edgefire.runtime.engine.builder import build_engine
+from edgefire.runtime.engine.compute_thread import ComputeThread
+from edgefire.runtime.engine.llm_engine import EngineConfig
+from edgefire.runtime.errors import ModelUnavailableError
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.tokenizer import Tokenizer
 from tokenizers import decoders
-
-from runtime.catalog import ModelSpec
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.builder import build_engine
-from runtime.engine.compute_thread import ComputeThread
-from runtime.engine.llm_engine import EngineConfig
-from runtime.errors import ModelUnavailableError
-from runtime.node.settings import NodeSettings
-from runtime.tokenizer import Tokenizer
 
 TEXT_GENERATION = "text-generation"
 TEXT_EMBEDDINGS = "text-embeddings"
@@ -27,7 +26,7 @@ class TextModel:
     tokenizer: Tokenizer
     max_model_len: int
     memory_bytes: int
-    weight_precision: str  # the loaded model's own (runtime.weight_precision)
+    weight_precision: str  # the loaded model's own (edgefire.runtime.weight_precision)
     max_token_chars: int | None  # longest_token_chars(tokenizer)
 
     @property
@@ -52,7 +51,7 @@ class TextModel:
 @dataclass(slots=True)
 class EmbeddingServed:
     spec: ModelSpec
-    embedder: object  # runtime.embeddings.AsyncEmbedder
+    embedder: object  # edgefire.runtime.embeddings.AsyncEmbedder
     dimensions: int
     max_tokens: int
     memory_bytes: int
@@ -100,9 +99,9 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings,
                          engine.config.max_model_len, memory, loaded.model.weight_precision,
                          longest_token_chars(loaded.tokenizer))
     if spec.task == TEXT_EMBEDDINGS:
-        from runtime.embeddings import AsyncEmbedder
-        from runtime.engine.precision import Precision
-        from runtime.model_loader import load_model
+        from edgefire.runtime.embeddings import AsyncEmbedder
+        from edgefire.runtime.engine.precision import Precision
+        from edgefire.runtime.model_loader import load_model
 
         loaded = load_model(spec, Precision.parse(settings.dtype))
         model = loaded.model

@@ -1,14 +1,14 @@
 """The plugin system: pluggy hooks, entry-point discovery, registries of factories."""
 
-from runtime.plugins.manager import (
+from edgefire.runtime.plugins.manager import (
     DEFAULT_PLUGINS,
     ENTRY_POINT_GROUP,
     PluginHost,
     PluginInfo,
     load_plugins,
 )
-from runtime.plugins.markers import hookimpl
-from runtime.plugins.registry import DuplicatePluginError, Registry, UnknownComponentError
+from edgefire.runtime.plugins.markers import hookimpl
+from edgefire.runtime.plugins.registry import DuplicatePluginError, Registry, UnknownComponentError
 
 __all__ = [
     "DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "DuplicatePluginError", "PluginHost", "PluginInfo",

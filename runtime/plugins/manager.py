@@ -15,17 +15,15 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
 import pluggy
-
-from runtime.plugins import hookspecs
-from runtime.plugins.markers import PROJECT
-from runtime.plugins.registry import Registration, Registry
+from edgefire.runtime.plugins import hookspecs
+from edgefire.runtime.plugins.markers import PROJECT
+from edgefire.runtime.plugins.registry import Registration, Registry
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "edgefire"
-DEFAULT_PLUGINS = ("plugins.llama", "plugins.bert", "plugins.local_paged",
-                   "plugins.identity_codec", "plugins.unweight", "plugins.quant",
-                   "plugins.providers")
+DEFAULT_PLUGINS = tuple(f"edgefire.plugins.{name}" for name in (
+    "llama", "bert", "local_paged", "identity_codec", "unweight", "quant", "providers"))
 
 
 @dataclass(slots=True)

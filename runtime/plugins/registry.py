@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import EdgefireError
+from edgefire.runtime.errors import EdgefireError
 
 
 class DuplicatePluginError(RuntimeError):

@@ -1,5 +1,5 @@
 """The edge node's HTTP server (Starlette): `create_app(node)`."""
 
-from runtime.server.app import create_app
+from edgefire.runtime.server.app import create_app
 
 __all__ = ["create_app"]

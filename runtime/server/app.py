@@ -11,8 +11,8 @@ Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node sec
                                    status "ok", or "degraded" while a model failed lately (the
                                    node stays routable: its other models serve, and a dead
                                    engine is rebuilt by the next request for its model)
-  GET  /metrics                    Prometheus text (names in runtime.server.metrics)
-  GET  /openapi.json               the OpenAPI document of these routes (runtime.server.openapi)
+  GET  /metrics                    Prometheus text (names in edgefire.runtime.server.metrics)
+  GET  /openapi.json               this list as OpenAPI (edgefire.runtime.server.openapi)
 Health, metrics and the document need no secret: load balancers and scrapers probe them.
 Every inference response names the model's weight precision in x-edgefire-weight-precision.
 """
@@ -23,25 +23,24 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from edgefire.runtime.errors import EdgefireError
+from edgefire.runtime.node.heartbeat import HeartbeatSender
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server.auth import NodeSecretMiddleware
+from edgefire.runtime.server.catalog_api import CatalogRoutes
+from edgefire.runtime.server.embedding import Embedder
+from edgefire.runtime.server.errors import InternalErrorMiddleware, handle_error
+from edgefire.runtime.server.generation import TextGenerator
+from edgefire.runtime.server.metrics import ServerMetrics
+from edgefire.runtime.server.native import WorkersAIRoutes
+from edgefire.runtime.server.openai_compat import OpenAIRoutes
+from edgefire.runtime.server.openapi import OPENAPI_PATH, node_document, serve_document
+from edgefire.runtime.server.ops import OpsRoutes
+from edgefire.runtime.weight_precision import compute_precision
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
-
-from runtime.errors import EdgefireError
-from runtime.node.heartbeat import HeartbeatSender
-from runtime.node.node import EdgeNode
-from runtime.server.auth import NodeSecretMiddleware
-from runtime.server.catalog_api import CatalogRoutes
-from runtime.server.embedding import Embedder
-from runtime.server.errors import InternalErrorMiddleware, handle_error
-from runtime.server.generation import TextGenerator
-from runtime.server.metrics import ServerMetrics
-from runtime.server.native import WorkersAIRoutes
-from runtime.server.openai_compat import OpenAIRoutes
-from runtime.server.openapi import OPENAPI_PATH, node_document, serve_document
-from runtime.server.ops import OpsRoutes
-from runtime.weight_precision import compute_precision
 
 API_PREFIX = "/client/v4/accounts/{account_id}/ai"
 

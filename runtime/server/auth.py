@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import hmac
 
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server.errors import AuthenticationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
-
-from runtime.node.node import EdgeNode
-from runtime.server.errors import AuthenticationError
 
 SECRET_HEADER = "x-edgefire-node-secret"
 

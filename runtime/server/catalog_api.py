@@ -3,24 +3,23 @@
 A model's properties are its context window, then any catalog field named like a Workers AI
 property (`price`, `function_calling`, …: _PROPERTY_IDS), then `planning_only` for models that
 cannot run here. Values are strings except `price`, as Cloudflare's. Edgefire adds
-`weight_precision` (runtime.weight_precision; absent where unknown) and, for runnable models,
-`weight_codec` (the catalog `codec` the weights load through).
+`weight_precision` (edgefire.runtime.weight_precision; absent where unknown) and, for runnable
+models, `weight_codec` (the catalog `codec` the weights load through).
 """
 
 from __future__ import annotations
 
 import uuid
 
+from edgefire.runtime.catalog import Catalog, ModelSpec
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.server.envelope import success
+from edgefire.runtime.server.inputs import find_model, page_number
+from edgefire.runtime.server.tasks import TASKS, task_of
+from edgefire.runtime.weight_precision import stated_precision
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
-
-from runtime.catalog import Catalog, ModelSpec
-from runtime.errors import InvalidInputError
-from runtime.server.envelope import success
-from runtime.server.inputs import find_model, page_number
-from runtime.server.tasks import TASKS, task_of
-from runtime.weight_precision import stated_precision
 
 _PROPERTY_IDS = ("price", "function_calling", "reasoning", "vision", "async_queue", "beta",
                  "lora", "terms", "info", "max_input_tokens", "output_dimensions", "partner",

@@ -14,9 +14,8 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from edgefire.runtime.errors import EdgefireError
 from starlette.types import Receive
-
-from runtime.errors import EdgefireError
 
 T = TypeVar("T")
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from runtime.catalog import ModelSpec
-from runtime.node.node import EdgeNode
-from runtime.server.errors import time_limit
-from runtime.server.metrics import ServerMetrics
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server.errors import time_limit
+from edgefire.runtime.server.metrics import ServerMetrics
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Cloudflare's v4 success envelope (errors are rendered by runtime.server.errors)."""
+"""Cloudflare's v4 success envelope (errors are rendered by edgefire.runtime.server.errors)."""
 
 from __future__ import annotations
 

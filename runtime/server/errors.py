@@ -1,6 +1,6 @@
 """The one place request errors become API bodies: a Cloudflare envelope or an OpenAI error.
 
-Typed errors (runtime.errors.EdgefireError and the server's own below) carry their code and
+Typed errors (edgefire.runtime.errors.EdgefireError and the server's own below) carry their code and
 HTTP status; anything else is an internal error (3001, 500), logged with its traceback and
 never shown in detail. It is answered by InternalErrorMiddleware rather than by Starlette's
 server-error handler, which re-raises and makes the ASGI server drop the client's connection.
@@ -13,12 +13,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from edgefire.runtime.errors import EdgefireError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from runtime.errors import EdgefireError
 
 log = logging.getLogger(__name__)
 

@@ -16,18 +16,17 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.engine.outputs import RequestOutput, Usage
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.node.model_registry import CapacityError
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.served import TextModel
+from edgefire.runtime.server.disconnect import unless_disconnected
+from edgefire.runtime.server.errors import BUSY_MESSAGE, time_limit
+from edgefire.runtime.server.metrics import RequestTimer, ServerMetrics
+from edgefire.runtime.server.prompts import PromptInput, encode_prompt
 from starlette.types import Receive
-
-from runtime.catalog import ModelSpec
-from runtime.engine.outputs import RequestOutput, Usage
-from runtime.engine.sampling_params import SamplingParams
-from runtime.node.model_registry import CapacityError
-from runtime.node.node import EdgeNode
-from runtime.node.served import TextModel
-from runtime.server.disconnect import unless_disconnected
-from runtime.server.errors import BUSY_MESSAGE, time_limit
-from runtime.server.metrics import RequestTimer, ServerMetrics
-from runtime.server.prompts import PromptInput, encode_prompt
 
 
 @dataclass(slots=True)

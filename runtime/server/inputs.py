@@ -7,12 +7,11 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from edgefire.runtime.catalog import Catalog, ModelSpec
+from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.errors import InvalidInputError, UnknownModelError
+from edgefire.runtime.server.errors import RequestTooLargeError
 from starlette.requests import Request
-
-from runtime.catalog import Catalog, ModelSpec
-from runtime.engine.sampling_params import SamplingParams
-from runtime.errors import InvalidInputError, UnknownModelError
-from runtime.server.errors import RequestTooLargeError
 
 # Checked by the schema; SamplingParams.validate checks what depends on the model (top_k).
 _SAMPLING_FIELDS = ("temperature", "top_p", "repetition_penalty", "frequency_penalty",
@@ -63,7 +62,7 @@ def parse_json(raw: bytes, kind: type = dict) -> Any:
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body as a JSON object; 3006 past max_bytes (declared or read), 5006 if not JSON.
-    Its fields are checked by a schema next (runtime.server.validation.Checker)."""
+    Its fields are checked by a schema next (edgefire.runtime.server.validation.Checker)."""
     return parse_json(await read_body(request, max_bytes))
 
 

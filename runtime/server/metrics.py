@@ -29,14 +29,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.engine.outputs import RequestOutput
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.served import TextModel
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from runtime.engine.llm_engine import LLMEngine
-from runtime.engine.outputs import RequestOutput
-from runtime.node.node import EdgeNode
-from runtime.node.served import TextModel
 
 LABEL = "model_name"
 

@@ -5,22 +5,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.errors import InvalidInputError
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
+from edgefire.runtime.server.embedding import Embedder, as_texts
+from edgefire.runtime.server.envelope import success
+from edgefire.runtime.server.generation import Generation, TextGenerator, usage_json
+from edgefire.runtime.server.inputs import (
+    find_model,
+    given,
+    read_json,
+    reject_if_busy,
+    sampling_params,
+)
+from edgefire.runtime.server.prompts import prompt_input
+from edgefire.runtime.server.schemas import TASK_SCHEMAS
+from edgefire.runtime.server.sse import EventStream
+from edgefire.runtime.server.validation import Checker
+from edgefire.runtime.weight_precision import PRECISION_HEADER
 from starlette.requests import Request
 from starlette.responses import Response
-
-from runtime.catalog import ModelSpec
-from runtime.errors import InvalidInputError
-from runtime.node.node import EdgeNode
-from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
-from runtime.server.embedding import Embedder, as_texts
-from runtime.server.envelope import success
-from runtime.server.generation import Generation, TextGenerator, usage_json
-from runtime.server.inputs import find_model, given, read_json, reject_if_busy, sampling_params
-from runtime.server.prompts import prompt_input
-from runtime.server.schemas import TASK_SCHEMAS
-from runtime.server.sse import EventStream
-from runtime.server.validation import Checker
-from runtime.weight_precision import PRECISION_HEADER
 
 _Handler = Callable[[Request, ModelSpec, dict[str, Any]], Awaitable[Response]]
 _INPUTS = {task: Checker(schemas[0]) for task, schemas in TASK_SCHEMAS.items()}

@@ -8,20 +8,31 @@ import uuid
 from collections.abc import AsyncIterator
 
 import torch
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
+from edgefire.runtime.server.catalog_api import openai_model_list
+from edgefire.runtime.server.embedding import Embedder, as_texts
+from edgefire.runtime.server.generation import (
+    Completion,
+    Generation,
+    TextGenerator,
+    per_choice,
+    usage_json,
+)
+from edgefire.runtime.server.inputs import (
+    find_model,
+    given,
+    read_json,
+    reject_if_busy,
+    sampling_params,
+)
+from edgefire.runtime.server.prompts import prompt_input
+from edgefire.runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
+from edgefire.runtime.server.sse import EventStream
+from edgefire.runtime.server.validation import Checker
+from edgefire.runtime.weight_precision import PRECISION_HEADER
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-
-from runtime.node.node import EdgeNode
-from runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
-from runtime.server.catalog_api import openai_model_list
-from runtime.server.embedding import Embedder, as_texts
-from runtime.server.generation import Completion, Generation, TextGenerator, per_choice, usage_json
-from runtime.server.inputs import find_model, given, read_json, reject_if_busy, sampling_params
-from runtime.server.prompts import prompt_input
-from runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
-from runtime.server.sse import EventStream
-from runtime.server.validation import Checker
-from runtime.weight_precision import PRECISION_HEADER
 
 _CHAT = Checker(CHAT_COMPLETIONS_REQUEST)
 _EMBEDDINGS = Checker(EMBEDDINGS_REQUEST)

@@ -1,7 +1,7 @@
 """OpenAPI 3.1 documents (`GET /openapi.json`) built from the schemas requests are checked
-against (runtime.server.schemas), so the document cannot drift from what is enforced.
+against (edgefire.runtime.server.schemas), so the document cannot drift from what is enforced.
 
-The node's document is here, with the pieces the gateway's (gateway.openapi) shares: the
+The node's document is here, with the pieces the gateway's (edgefire.gateway.openapi) shares: the
 error bodies, the Workers AI routes of one account, and the endpoint that serves a document.
 Each model's run route is a path of its own, as Cloudflare documents them, so its body is
 its task's input schema.
@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from runtime.catalog import Catalog
-from runtime.server.schemas import (
+from edgefire.runtime.catalog import Catalog
+from edgefire.runtime.server.schemas import (
     CHAT_COMPLETIONS_REQUEST,
     EMBEDDINGS_REQUEST,
     TEXT_EMBEDDINGS,
@@ -23,7 +20,9 @@ from runtime.server.schemas import (
     TEXT_GENERATION,
     TEXT_GENERATION_INPUT,
 )
-from runtime.server.tasks import TASKS
+from edgefire.runtime.server.tasks import TASKS
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 OPENAPI_PATH = "/openapi.json"
 _ANY_OBJECT = {"type": "object"}

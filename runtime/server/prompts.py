@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import ContextLengthError, InvalidInputError
-from runtime.server.inputs import given
-from runtime.tokenizer import Tokenizer
+from edgefire.runtime.errors import ContextLengthError, InvalidInputError
+from edgefire.runtime.server.inputs import given
+from edgefire.runtime.tokenizer import Tokenizer
 
 
 @dataclass(slots=True, frozen=True)

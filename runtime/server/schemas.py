@@ -1,11 +1,11 @@
 """The node's request and response schemas (JSON Schema 2020-12): the one statement of what it
 accepts.
 
-Bodies are checked against these (runtime.server.validation) before any typed parsing, and the
-OpenAPI documents and `/ai/models/schema` show these same dicts, so what is documented is what
-is enforced. Rules a schema cannot state stay with the code that knows them: prompt and messages
-both given, top_k against the model's vocabulary, a model's pooling, token counts. Null counts
-as absent for optional inputs, as clients send it. The heartbeat a node sends the gateway is
+Bodies are checked against these (edgefire.runtime.server.validation) before any typed parsing,
+and the OpenAPI documents and `/ai/models/schema` show these same dicts, so what is documented
+is what is enforced. Rules a schema cannot state stay with the code that knows them: prompt and
+messages both given, top_k against the model's vocabulary, a model's pooling, token counts. Null
+counts as absent for optional inputs, as clients send it. The heartbeat a node sends the gateway is
 here too: both sides read it.
 
 Imports nothing heavy (no torch, no engine): the gateway imports this module.
@@ -96,7 +96,7 @@ _SAMPLED = {"max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "se
 _QUESTION = [{"role": "system", "content": "Answer in one word."},
              {"role": "user", "content": "What is the capital of France?"}]
 
-# Exactly one of prompt and messages (runtime.server.prompts says so when both are given).
+# Exactly one of prompt and messages (edgefire.runtime.server.prompts says so when both are given).
 TEXT_GENERATION_INPUT = {
     "type": "object",
     "oneOf": [_variant("Prompt", "prompt", _TEXT), _variant("Messages", "messages", _MESSAGES)],
@@ -174,7 +174,8 @@ EMBEDDINGS_REQUEST = {
 
 _COUNT = {"type": "integer", "minimum": 0}
 
-# What a node reports every few seconds (runtime.node.heartbeat; gateway.routing.directory).
+# What a node reports every few seconds (edgefire.runtime.node.heartbeat;
+# edgefire.gateway.routing.directory).
 HEARTBEAT = {
     "type": "object",
     "required": ["city", "url", "lat", "lon", "memory_budget_bytes", "accelerator_bytes"],

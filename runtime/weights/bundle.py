@@ -24,15 +24,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from edgefire.runtime.errors import CorruptWeightsError
+from edgefire.runtime.plugins import load_plugins
+from edgefire.runtime.tokenizer import Tokenizer
+from edgefire.runtime.weights.codec import WeightCodec
+from edgefire.runtime.weights.warm_cache import ENV_VAR, WarmEntry, dtype_name, fsync
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
-
-from runtime.errors import CorruptWeightsError
-from runtime.plugins import load_plugins
-from runtime.tokenizer import Tokenizer
-from runtime.weights.codec import WeightCodec
-from runtime.weights.warm_cache import ENV_VAR, WarmEntry, dtype_name, fsync
 
 FORMAT = "edgefire-bundle"
 # Bump when the stored layout changes; a codec versions its own bytes.

@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from edgefire.runtime.catalog import ModelSpec
+from edgefire.runtime.tokenizer import Tokenizer
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-
-from runtime.catalog import ModelSpec
-from runtime.tokenizer import Tokenizer
 
 # Bump when the stored layout or the conversion that produces it changes.
 FORMAT_VERSION = 1

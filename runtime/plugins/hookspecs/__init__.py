@@ -1,5 +1,5 @@
 """Hook specifications, one module per extension domain."""
 
-from runtime.plugins.hookspecs import codecs, exporters, kv, models, parallel, providers
+from edgefire.runtime.plugins.hookspecs import codecs, exporters, kv, models, parallel, providers
 
 ALL = (models, kv, parallel, codecs, providers, exporters)

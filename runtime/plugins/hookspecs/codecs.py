@@ -1,4 +1,4 @@
-from runtime.plugins.markers import hookspec
+from edgefire.runtime.plugins.markers import hookspec
 
 
 @hookspec

@@ -5,10 +5,9 @@ from __future__ import annotations
 import zlib
 
 import torch
-
-from runtime.engine.block_manager import BlockManager
-from runtime.engine.kv_pool import KVPool
-from runtime.plugins import hookimpl
+from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.kv_pool import KVPool
+from edgefire.runtime.plugins import hookimpl
 
 calls = {"encode": 0, "decode": 0, "allocate": 0}
 
