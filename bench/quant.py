@@ -13,12 +13,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from edgefire.models.llama import PROJECTIONS, _linear
-from edgefire.plugins.quant.evaluate import load_with_codec, perplexity
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
-from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.engine.sampling_params import SamplingParams
 
 from bench._common import (
     log,
@@ -29,6 +23,12 @@ from bench._common import (
     stopwatch,
     write_results,
 )
+from edgefire.contract.catalog import Catalog
+from edgefire.models.llama import PROJECTIONS, _linear
+from edgefire.plugins.quant.evaluate import load_with_codec, perplexity
+from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.sampling_params import SamplingParams
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity.txt"

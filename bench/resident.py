@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from edgefire.runtime import LLM, SamplingParams
-from edgefire.runtime.catalog import Catalog
-
 from bench._common import log, make_prompts, prompt_lengths, stopwatch
+from edgefire.contract.catalog import Catalog
+from edgefire.runtime import LLM, SamplingParams
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 CONCURRENCY = (1, 8, 32)

@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 
 import httpx
 import psutil
-from edgefire.runtime.node.city import load_city
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._common import log
 from bench.soak_mix import MINILM, SMOL
+from edgefire.contract.cities import load_city
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = ("127.0.0.1", "localhost")

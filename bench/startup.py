@@ -66,7 +66,7 @@ def child_edgefire(cache_dir: str, dtype: str) -> dict:
     os.environ["EDGEFIRE_CACHE_DIR"] = cache_dir
     import asyncio
 
-    from edgefire.runtime.catalog import Catalog
+    from edgefire.contract.catalog import Catalog
     from edgefire.runtime.engine.compute_thread import ComputeThread
     from edgefire.runtime.engine.sampling_params import SamplingParams
     from edgefire.runtime.node.served import build_served_model
@@ -104,11 +104,11 @@ def child_hf(prompt_ids: list[int]) -> dict:
     # Imported before the clock, as edgefire's modules are: load_hf imports these.
     import torch
     import transformers
-    from edgefire.runtime.catalog import Catalog
-    from edgefire.runtime.weights import resolve_source
     from transformers import AutoModelForCausalLM, modeling_gguf_pytorch_utils  # noqa: F401
 
     from bench.peers import hf_generate, load_hf
+    from edgefire.contract.catalog import Catalog
+    from edgefire.runtime.weights import resolve_source
 
     gguf = resolve_source(Catalog.load().get_runnable(MODEL).weights)
     ready_s = _since_process_start()

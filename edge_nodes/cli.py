@@ -6,12 +6,13 @@ import argparse
 import logging
 import sys
 
-from edgefire.runtime.log_setup import configure_logging
-from edgefire.runtime.node.city import all_cities, load_city
+from edgefire.contract.cities import all_cities, load_city
+from edgefire.contract.log_setup import configure_logging
 
 
 def _start(args: argparse.Namespace) -> int:
     import uvicorn
+
     from edgefire.runtime.node.node import EdgeNode
     from edgefire.runtime.node.settings import NodeSettings
     from edgefire.runtime.server.app import create_app

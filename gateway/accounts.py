@@ -10,9 +10,8 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from edgefire.contract.errors import ConflictError, InvalidInputError, NotFoundError
 from edgefire.gateway.db import Database
-from edgefire.gateway.errors import ConflictError, NotFoundError
-from edgefire.runtime.errors import InvalidInputError
 
 TOKEN_PREFIX = "ef_"
 _ACCOUNT_ID = re.compile(r"[0-9a-f]{32}")

@@ -18,18 +18,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
-from edgefire.gateway.routes_admin import AdminRoutes
-from edgefire.gateway.routes_inference import InferenceRoutes
-from edgefire.gateway.state import GatewayState
-from edgefire.runtime.errors import EdgefireError
-from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH
-from edgefire.runtime.server.errors import InternalErrorMiddleware, handle_error
-from edgefire.runtime.server.openapi import OPENAPI_PATH, serve_document
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
+
+from edgefire.contract.errors import EdgefireError
+from edgefire.contract.http_errors import InternalErrorMiddleware, handle_error
+from edgefire.contract.node_report import HEARTBEAT_PATH
+from edgefire.contract.openapi import OPENAPI_PATH, serve_document
+from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
+from edgefire.gateway.routes_admin import AdminRoutes
+from edgefire.gateway.routes_inference import InferenceRoutes
+from edgefire.gateway.state import GatewayState
 
 
 def create_app(state: GatewayState) -> Starlette:

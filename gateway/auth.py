@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from edgefire.contract.errors import AuthenticationError, ForbiddenError
 from edgefire.gateway.accounts import AccountStore
-from edgefire.gateway.errors import AuthError, ForbiddenError
 from edgefire.gateway.gateways import GatewayConfig
 
 _AIG_AUTH = "cf-aig-authorization"
@@ -34,7 +34,7 @@ class Authenticator:
         owners = {self.accounts.authenticate(t) for t in tokens if t}
         owners.discard(None)
         if not owners:
-            raise AuthError("Authentication error")
+            raise AuthenticationError("Authentication error")
         if account_id not in owners:
             raise ForbiddenError("Authentication error: the token does not grant access to "
                                  "this account")

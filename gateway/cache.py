@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from edgefire.contract.errors import InvalidInputError
 from edgefire.gateway.redis_link import RedisGuard, RedisUnavailable, connect
 from edgefire.gateway.settings import GatewaySettings
-from edgefire.runtime.errors import InvalidInputError
 
 MIN_CACHE_TTL_S = 60
 MAX_CACHE_TTL_S = 30 * 24 * 3600

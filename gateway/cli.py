@@ -6,15 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from edgefire.contract.errors import EdgefireError
+from edgefire.contract.log_setup import configure_logging
 from edgefire.gateway.cli_accounts import add_account_commands
 from edgefire.gateway.db import Database
 from edgefire.gateway.settings import GatewaySettings
-from edgefire.runtime.errors import EdgefireError
-from edgefire.runtime.log_setup import configure_logging
 
 
 def _start(args: argparse.Namespace) -> int:
     import uvicorn
+
     from edgefire.gateway.app import create_app
     from edgefire.gateway.node_auth import require_configured
     from edgefire.gateway.state import GatewayState

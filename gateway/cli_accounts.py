@@ -7,10 +7,9 @@ import sys
 from collections.abc import Callable
 from contextlib import closing
 
+from edgefire.contract.errors import EdgefireError, NotFoundError
 from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.db import Database, iso_time
-from edgefire.gateway.errors import NotFoundError
-from edgefire.runtime.errors import EdgefireError
 
 Handler = Callable[[AccountStore, argparse.Namespace], int]
 

@@ -70,6 +70,7 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
                   node_port: int | None = None) -> int:
     """Serve the gateway; its nodes listen on their cities' ports, or from node_port on."""
     import uvicorn
+
     from edgefire.gateway.app import create_app
     from edgefire.gateway.state import GatewayState
 

@@ -7,11 +7,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from edgefire.contract.errors import ConflictError, InvalidInputError, NotFoundError
+from edgefire.contract.validation import Checker
 from edgefire.gateway.db import Database, iso_time
-from edgefire.gateway.errors import ConflictError, NotFoundError
 from edgefire.gateway.schemas import GATEWAY_CREATE, GATEWAY_SETTINGS
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.validation import Checker
 
 DEFAULT_GATEWAY = "default"
 MAX_GATEWAYS_PER_ACCOUNT = 10

@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from edgefire.contract.errors import InvalidInputError, NotFoundError
 from edgefire.gateway.db import Database, iso_time
-from edgefire.gateway.errors import NotFoundError
-from edgefire.runtime.errors import InvalidInputError
 
 MAX_PER_PAGE = 100
 # Age pruning runs on a write at most this often, deleting at most a batch at a time, so that

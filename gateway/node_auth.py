@@ -13,9 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from edgefire.gateway.errors import AuthError, ConfigError, ForbiddenError
+from edgefire.contract.errors import AuthenticationError, ConfigError, ForbiddenError
 
-SECRET_HEADER = "x-edgefire-node-secret"  # the node's own name for it (runtime/server/auth.py)
 FLEET = "fleet"
 OPEN = "open"  # no credentials configured: only reachable by building the state in code
 
@@ -48,7 +47,7 @@ class NodeCredentials:
         return bool(self.fleet or self.per_city)
 
     def authenticate(self, sent: str) -> list[str]:
-        """The ids of the credentials `sent` is (AuthError, 401, if none).
+        """The ids of the credentials `sent` is (AuthenticationError, 401, if none).
 
         Every secret is compared, in constant time, so timing does not tell which was close.
         """
@@ -56,7 +55,7 @@ class NodeCredentials:
             return [OPEN]
         matches = [cid for cid, secret in self._all() if _same(sent, secret)]
         if not matches:
-            raise AuthError("Authentication error")
+            raise AuthenticationError("Authentication error")
         return matches
 
     def for_city(self, city: str, matches: list[str]) -> str:

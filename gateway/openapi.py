@@ -1,15 +1,14 @@
 """The gateway's OpenAPI document (`GET /openapi.json`), from the schemas its routes check:
-the node's (edgefire.runtime.server.schemas) for what it forwards, its own
+the node's (edgefire.contract.schemas) for what it forwards, its own
 (edgefire.gateway.schemas) for the rest.
 """
 
 from __future__ import annotations
 
-from edgefire.gateway.schemas import GATEWAY_CREATE, GATEWAY_SETTINGS, UNIVERSAL_STEPS
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH
-from edgefire.runtime.server.inputs import MAX_PAGE
-from edgefire.runtime.server.openapi import (
+from edgefire.contract.bodies import MAX_PAGE
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.node_report import HEARTBEAT_PATH
+from edgefire.contract.openapi import (
     ENVELOPE_ERROR,
     OPENAI_ERROR,
     OPENAPI_PATH,
@@ -20,7 +19,8 @@ from edgefire.runtime.server.openapi import (
     parameter,
     workers_ai_paths,
 )
-from edgefire.runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, HEARTBEAT
+from edgefire.contract.schemas import CHAT_COMPLETIONS_REQUEST, HEARTBEAT
+from edgefire.gateway.schemas import GATEWAY_CREATE, GATEWAY_SETTINGS, UNIVERSAL_STEPS
 
 ACCOUNT = "/client/v4/accounts/{account_id}"  # the route prefixes edgefire.gateway.app serves
 GATEWAY = "/v1/{account_id}/{gateway_id}"

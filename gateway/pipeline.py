@@ -14,6 +14,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
+from starlette.responses import Response, StreamingResponse
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import (
+    InvalidInputError,
+    NotFoundError,
+    RateLimitedError,
+    RequestTimeoutError,
+    UnknownModelError,
+    UpstreamError,
+)
+from edgefire.contract.http_errors import is_openai_path
 from edgefire.gateway.cache import (
     CachedResponse,
     CachePolicy,
@@ -21,24 +33,14 @@ from edgefire.gateway.cache import (
     cache_key,
     parse_cache_headers,
 )
-from edgefire.gateway.errors import NotFoundError
 from edgefire.gateway.gateways import GatewayConfig
 from edgefire.gateway.logs import LogRecord, LogStore
 from edgefire.gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
-from edgefire.gateway.providers.base import (
-    Provider,
-    UpstreamError,
-    UpstreamRequest,
-    UpstreamResponse,
-)
+from edgefire.gateway.providers.base import Provider, UpstreamRequest, UpstreamResponse
 from edgefire.gateway.ratelimit import RateLimiter
 from edgefire.gateway.retries import RetryPolicy, send_with_retries
 from edgefire.gateway.stream_guard import guarded
 from edgefire.gateway.usage import Tokens, tokens_from_json, tokens_from_sse
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.errors import EdgefireError, InvalidInputError, UnknownModelError
-from edgefire.runtime.server.errors import RequestTimeoutError, is_openai_path
-from starlette.responses import Response, StreamingResponse
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,6 @@ _TAIL_BYTES = 8192  # enough of a stream's end to find its usage event
 # Upstream calls one request may cause, over its steps and their retries: each step may ask
 # for up to 5 attempts, so without a total a 10-step request could cost 50 upstream calls.
 MAX_ATTEMPTS = 10
-
-
-class RateLimitedError(EdgefireError):
-    """The gateway's rate limit is reached (AI Gateway documents the 429, not a code)."""
-
-    code = 2003
-    status = 429
 
 
 @dataclass(slots=True)

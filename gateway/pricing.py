@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from edgefire.runtime.errors import InvalidInputError
+from edgefire.contract.errors import InvalidInputError
 
 CUSTOM_COST_HEADER = "cf-aig-custom-cost"
 _UNITS = {

@@ -10,22 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from edgefire.contract.errors import RateLimitUnavailableError
 from edgefire.gateway.redis_link import RedisGuard, RedisUnavailable, connect
 from edgefire.gateway.settings import GatewaySettings
-from edgefire.runtime.errors import EdgefireError
 
 TECHNIQUES = ("fixed", "sliding")
-
-
-class RateLimitUnavailableError(EdgefireError):
-    """Rate limits are failing closed and their store (Redis) cannot be reached.
-
-    503, not 429: the caller did not exceed anything and may retry; 2003 is the code of the
-    gateway's rate limit, which this is about.
-    """
-
-    code = 2003
-    status = 503
 
 
 @dataclass(slots=True)

@@ -7,14 +7,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
-from edgefire.gateway.providers.base import (
-    Provider,
-    UpstreamError,
-    UpstreamRequest,
-    UpstreamResponse,
-)
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.errors import RequestTimeoutError
+from edgefire.contract.errors import InvalidInputError, RequestTimeoutError, UpstreamError
+from edgefire.gateway.providers.base import Provider, UpstreamRequest, UpstreamResponse
 
 BACKOFFS = ("constant", "linear", "exponential")
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hmac
 
-from edgefire.gateway.auth import bearer
-from edgefire.gateway.errors import AuthError, NotFoundError
-from edgefire.gateway.node_auth import SECRET_HEADER
-from edgefire.gateway.state import GatewayState
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.envelope import success
-from edgefire.runtime.server.inputs import page_number, read_json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from edgefire.contract.bodies import page_number, read_json
+from edgefire.contract.envelope import success
+from edgefire.contract.errors import AuthenticationError, InvalidInputError, NotFoundError
+from edgefire.contract.headers import NODE_SECRET
+from edgefire.gateway.auth import bearer
+from edgefire.gateway.state import GatewayState
 
 
 class AdminRoutes:
@@ -89,7 +89,7 @@ class AdminRoutes:
     # Nodes report themselves here, with a node credential (gateway/node_auth.py).
     async def heartbeat(self, request: Request) -> Response:
         credentials = self.state.node_credentials
-        matches = credentials.authenticate(request.headers.get(SECRET_HEADER, ""))
+        matches = credentials.authenticate(request.headers.get(NODE_SECRET, ""))
         body = await read_json(request, self.state.settings.max_heartbeat_bytes)
         city = body.get("city")
         credential = credentials.for_city(city if isinstance(city, str) else "", matches)
@@ -101,7 +101,7 @@ class AdminRoutes:
         token = self.state.settings.admin_token
         sent = bearer(request.headers.get("authorization")) or ""
         if not token or not hmac.compare_digest(sent.encode(), token.encode()):
-            raise AuthError("Authentication error: /internal/nodes needs the admin token "
+            raise AuthenticationError("Authentication error: /internal/nodes needs the admin token "
                             "(EDGEFIRE_ADMIN_TOKEN) as Authorization: Bearer")
         return JSONResponse(self.state.directory.to_json())
 

@@ -6,20 +6,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from edgefire.gateway.errors import NotFoundError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgefire.contract.bodies import parse_json, read_body
+from edgefire.contract.catalog_api import CatalogRoutes, openai_model_list, published_precision
+from edgefire.contract.disconnect import unless_disconnected
+from edgefire.contract.errors import InvalidInputError, NotFoundError
+from edgefire.contract.validation import Checker
 from edgefire.gateway.gateways import GatewayConfig
 from edgefire.gateway.pipeline import GatewayRequest, Step
 from edgefire.gateway.providers.base import UpstreamRequest
 from edgefire.gateway.retries import RetryPolicy
 from edgefire.gateway.schemas import UNIVERSAL_STEPS
 from edgefire.gateway.state import GatewayState
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.catalog_api import CatalogRoutes, openai_model_list
-from edgefire.runtime.server.disconnect import unless_disconnected
-from edgefire.runtime.server.inputs import parse_json, read_body
-from edgefire.runtime.server.validation import Checker
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 WORKERS_AI = "workers-ai"
 _STEPS = Checker(UNIVERSAL_STEPS)
@@ -30,7 +30,7 @@ class InferenceRoutes:
         self.state = state
         # No compute dtype: the nodes choose theirs, so a dense model's precision is left to
         # them (each response names it in x-edgefire-weight-precision).
-        self.catalog = CatalogRoutes(state.catalog, None)
+        self.catalog = CatalogRoutes(state.catalog, published_precision)
 
     # Workers AI REST (`/client/v4/accounts/{acct}/ai/…`); cf-aig-gateway-id opts into a gateway.
     async def run(self, request: Request) -> Response:

@@ -1,6 +1,6 @@
 """The gateway's own request schemas (JSON Schema 2020-12): AI Gateway settings and universal
 endpoint steps. The inference bodies it forwards and the heartbeat are the node's
-(edgefire.runtime.server.schemas).
+(edgefire.contract.schemas).
 
 Bodies are checked against these before anything reads them (edgefire.gateway.gateways, the
 universal route), and edgefire.gateway.openapi documents these same dicts.

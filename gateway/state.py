@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.cities import all_cities
 from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.auth import Authenticator
 from edgefire.gateway.cache import make_cache
@@ -19,8 +22,6 @@ from edgefire.gateway.redis_link import RedisHealth
 from edgefire.gateway.routing.directory import NodeDirectory
 from edgefire.gateway.routing.geo import ClientLocator
 from edgefire.gateway.settings import GatewaySettings, load_gateway_yaml
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.node.city import all_cities
 from edgefire.runtime.plugins import load_plugins
 
 

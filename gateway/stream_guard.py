@@ -13,9 +13,10 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
-from edgefire.gateway.providers.base import UpstreamError
-from edgefire.runtime.server.errors import as_api_error, error_body
-from edgefire.runtime.server.sse import encode_event
+
+from edgefire.contract.errors import UpstreamError
+from edgefire.contract.http_errors import as_api_error, error_body
+from edgefire.contract.sse import encode_event
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from edgefire.models.precision import dense_precision
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
 from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from edgefire.models.precision import dense_precision
 from edgefire.models.rotary import RotaryEmbedding

@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.contract.errors import WeightsNotFoundError
 from edgefire.models.bert import BertConfig, BertEncoder, weights_from_checkpoint
-from edgefire.runtime.catalog import ModelSpec
 from edgefire.runtime.embeddings import EmbeddingModel
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.errors import WeightsNotFoundError
 from edgefire.runtime.model_loader import LoadedModel
 from edgefire.runtime.plugins import hookimpl
 from edgefire.runtime.weight_precision import EMBEDDING_DTYPE
 from edgefire.runtime.weights import resolve_source
 from edgefire.runtime.weights.codec import WeightCodec, through_codec
-from safetensors.torch import load_file
-from tokenizers import Tokenizer
 
 # sentence-transformers' own default when a folder has no sentence_bert_config.json.
 _DEFAULT_MAX_SEQ_LENGTH = 512

@@ -6,9 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import torch
+
+from edgefire.contract.catalog import ModelSpec
 from edgefire.models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
 from edgefire.plugins.identity_codec import IdentityCodec
-from edgefire.runtime.catalog import ModelSpec
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.model_loader import LoadedModel
 from edgefire.runtime.plugins import hookimpl

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from edgefire.runtime.engine.block_manager import BlockManager
 from edgefire.runtime.engine.kv_pool import KVPool
 from edgefire.runtime.plugins import hookimpl

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from edgefire.runtime.catalog import Catalog
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import EdgefireError, InvalidInputError
 from edgefire.runtime.engine.sampling_params import SamplingParams
-from edgefire.runtime.errors import EdgefireError, InvalidInputError
 
 DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from edgefire.runtime.errors import InvalidInputError
 from tokenizers import Tokenizer
+
+from edgefire.contract.errors import InvalidInputError
 
 # Text beyond max_seq_length tokens is truncated anyway; the cap only bounds tokenizer work.
 MAX_TEXT_CHARS = 100_000

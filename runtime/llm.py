@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from edgefire.runtime.catalog import Catalog
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.builder import build_engine
 from edgefire.runtime.engine.llm_engine import EngineConfig
 from edgefire.runtime.engine.outputs import Usage
 from edgefire.runtime.engine.sampling_params import SamplingParams
-from edgefire.runtime.errors import InvalidInputError
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgefire.runtime.catalog import ModelSpec
+from edgefire.contract.catalog import ModelSpec
 from edgefire.runtime.engine.model_runner import CausalLM
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.tokenizer import Tokenizer

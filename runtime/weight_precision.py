@@ -17,19 +17,16 @@ the `x-edgefire-weight-precision` header (and OpenAI bodies in `system_fingerpri
 from __future__ import annotations
 
 import torch
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.contract.catalog_api import published_precision
 from edgefire.models.precision import dense_precision
-from edgefire.runtime.catalog import ModelSpec
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.plugins import load_plugins
-
-PRECISION_HEADER = "x-edgefire-weight-precision"
 
 # Embeddings are compared long after they are made, so they are computed in float32 whatever
 # the node's dtype (plugins/bert.py has the measurements).
 EMBEDDING_DTYPE = torch.float32
-
-_PUBLISHED = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
 
 def compute_precision(dtype: str) -> str:
     """The precision dense weights take on a node whose `dtype` setting is `dtype`."""
@@ -38,11 +35,10 @@ def compute_precision(dtype: str) -> str:
 
 def stated_precision(spec: ModelSpec, compute: str | None) -> str | None:
     """spec's weight precision as its loaded model will report it; `compute` is the node's
-    compute_precision. None where it is unknown: a dense model with no node to hold it (the
-    gateway's catalog), or a planning-only model whose catalog entry names no weight dtype."""
+    compute_precision. None where it is unknown: a planning-only model whose catalog entry
+    names no weight dtype."""
     if not spec.runnable or not spec.weights:
-        published = spec.extra.get("config", {}).get("weight_dtype")
-        return _PUBLISHED.get(published, published)
+        return published_precision(spec)
     if spec.task == "text-embeddings":
         return dense_precision([EMBEDDING_DTYPE])
     codec = load_plugins().codecs.get(spec.codec)()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+
 from edgefire.gateway.app import create_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.settings import GatewaySettings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from edgefire.models.attention import AttentionMetadata, PrefillSpan, TorchPagedAttention
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel
 

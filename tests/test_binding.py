@@ -11,11 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from edgefire.gateway.accounts import AccountStore
-from edgefire.gateway.app import create_app
-from edgefire.gateway.db import Database
-from edgefire.gateway.settings import GatewaySettings
-from edgefire.gateway.state import GatewayState
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -24,6 +19,11 @@ from starlette.routing import Route
 from bench.gateway import MODEL, USAGE, fake_node_app, heartbeat
 from edgefire import AI, AiGatewayLogNotFound, InferenceUpstreamError
 from edgefire.binding import gateway_headers
+from edgefire.gateway.accounts import AccountStore
+from edgefire.gateway.app import create_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
 
 RESULT = {"response": "hi", "usage": USAGE}
 # In the catalog, so the gateway routes it, but the stand-in node does not serve it.

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+
 from edgefire.runtime.engine.block_manager import BlockManager, hash_block
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.sequence import Sequence

@@ -12,22 +12,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from edgefire.plugins.unweight import UnweightCodec
-from edgefire.runtime import LLM, SamplingParams
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.cli import main
-from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.errors import CorruptWeightsError
-from edgefire.runtime.model_loader import load_model
-from edgefire.runtime.tokenizer import Tokenizer
-from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
-from edgefire.runtime.weights.bundle import default_path, read_bundle, write_bundle
-from edgefire.runtime.weights.warm_cache import ENV_VAR, WarmEntry
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import CorruptWeightsError
+from edgefire.plugins.unweight import UnweightCodec
+from edgefire.runtime import LLM, SamplingParams
+from edgefire.runtime.cli import main
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.model_loader import load_model
+from edgefire.runtime.tokenizer import Tokenizer
+from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
+from edgefire.runtime.weights.bundle import default_path, read_bundle, write_bundle
+from edgefire.runtime.weights.warm_cache import ENV_VAR, WarmEntry
 from tests.test_llama_parity import _run_prefill
 from tests.test_warm_cache import _forbid_gguf, _spec
 

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+
 from edgefire.runtime.engine.compute_thread import ComputeThread
 
 

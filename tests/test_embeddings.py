@@ -7,10 +7,11 @@ import time
 
 import pytest
 import torch
-from edgefire.runtime.catalog import Catalog
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.embeddings import MAX_TEXT_CHARS, AsyncEmbedder, EmbeddingModel
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.errors import InvalidInputError
 from edgefire.runtime.model_loader import load_model
 from edgefire.runtime.weights import resolve_source
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from edgefire.gateway.app import create_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.settings import GatewaySettings
 from edgefire.gateway.state import GatewayState
-
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow

@@ -18,22 +18,25 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.cities import load_city
+from edgefire.contract.headers import NODE_SECRET
+from edgefire.contract.http_errors import is_openai_path
+from edgefire.contract.node_report import HEARTBEAT_PATH
+from edgefire.contract.openapi import node_document
 from edgefire.gateway.app import create_app as create_gateway_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.openapi import gateway_document
 from edgefire.gateway.settings import GatewaySettings
 from edgefire.gateway.state import GatewayState
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.node.city import load_city
-from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH, SECRET_HEADER, HeartbeatSender
+from edgefire.runtime.node.heartbeat import HeartbeatSender
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server.app import create_app as create_node_app
-from edgefire.runtime.server.errors import is_openai_path
-from edgefire.runtime.server.openapi import node_document
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.config import SchemathesisConfig
 
 SECRET = "fuzz-secret"
 ACCOUNT = "f0" * 16  # fixed, so the gateway's schema can pin its paths to the account
@@ -120,7 +123,7 @@ def _gateway(serve) -> Iterator[Target]:
     state.accounts.create_account("fuzz", account_id=ACCOUNT)
     _, token = state.accounts.create_token(ACCOUNT)
     with serve(create_gateway_app(state)) as base_url:
-        yield Target(base_url, {"authorization": f"Bearer {token}", SECRET_HEADER: SECRET},
+        yield Target(base_url, {"authorization": f"Bearer {token}", NODE_SECRET: SECRET},
                      state)
 
 
@@ -132,7 +135,7 @@ def _node(serve, memory_budget_gib: float | None = None) -> Iterator[tuple[EdgeN
     settings = NodeSettings(node_secret=SECRET, kv_cache_mib=KV_CACHE_MIB)
     node = EdgeNode(city, settings)
     with serve(create_node_app(node)) as base_url:
-        yield node, Target(base_url, {SECRET_HEADER: SECRET})
+        yield node, Target(base_url, {NODE_SECRET: SECRET})
 
 
 # -- no model runs: input handling, every route, thoroughly ----------------------------------
@@ -179,8 +182,8 @@ def fronted_gateway(serve, node):
     edge, node_target = node
     with _gateway(serve) as target:
         beat = HeartbeatSender(edge, target.base_url, node_target.base_url, 1.0, SECRET)
-        httpx.post(f"{target.base_url}{HEARTBEAT_PATH}", json=beat.payload(),
-                   headers={SECRET_HEADER: SECRET}).raise_for_status()
+        httpx.post(f"{target.base_url}{HEARTBEAT_PATH}", json=beat.report().to_json(),
+                   headers={NODE_SECRET: SECRET}).raise_for_status()
         yield target
 
 

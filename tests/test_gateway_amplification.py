@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 from edgefire.gateway.pipeline import MAX_ATTEMPTS
 from edgefire.gateway.schemas import MAX_STEPS
-
 from tests.gateway_fakes import MODEL, RecordingUpstream, gateway, heartbeat
 
 SECRET = "s"

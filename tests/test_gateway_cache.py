@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 import redis
+
+from edgefire.contract.errors import InvalidInputError
 from edgefire.gateway.cache import (
     DEFAULT_CUSTOM_KEY_TTL_S,
     ENTRY_OVERHEAD_BYTES,
@@ -21,8 +23,6 @@ from edgefire.gateway.cache import (
     parse_cache_headers,
 )
 from edgefire.gateway.settings import GatewaySettings
-from edgefire.runtime.errors import InvalidInputError
-
 from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 RESPONSE = CachedResponse(200, {"content-type": "application/json", "x-ü": "ünïcode"},

@@ -11,10 +11,10 @@ from contextlib import closing
 
 import httpx
 import pytest
+
 from edgefire.gateway.db import Database
 from edgefire.gateway.dev import NodeExitedError, ensure_dev_account, serve_fleet, wait_for_fleet
 from edgefire.gateway.routing.directory import NodeDirectory
-
 from tests.gateway_fakes import MODEL, RecordingUpstream, gateway, heartbeat
 
 SECRET = "s"

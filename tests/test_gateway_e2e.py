@@ -9,18 +9,19 @@ import time
 import httpx
 import pytest
 import yaml
+
+from edgefire.contract.cities import load_city
+from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.gateway.app import create_app as create_gateway_app
 from edgefire.gateway.cache import MemoryCache
 from edgefire.gateway.db import Database
 from edgefire.gateway.ratelimit import RedisRateLimiter
 from edgefire.gateway.settings import GatewaySettings
 from edgefire.gateway.state import GatewayState
-from edgefire.runtime.node.city import load_city
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server.app import create_app as create_node_app
-from edgefire.runtime.weight_precision import PRECISION_HEADER, compute_precision
-
+from edgefire.runtime.weight_precision import compute_precision
 from tests.conftest import free_port
 from tests.redis_support import REDIS_URL, needs_redis
 
@@ -121,7 +122,7 @@ def test_routing_picks_the_nearest_node_and_logs_tokens_and_cost(fleet):
         assert response.status_code == 200, response.text
         record = _log(fleet, account_id, response)
         assert record.node == city, (country, record.node)
-        assert response.headers[PRECISION_HEADER] == compute_precision(NodeSettings().dtype)
+        assert response.headers[WEIGHT_PRECISION] == compute_precision(NodeSettings().dtype)
         assert record.tokens_in > 0 and record.tokens_out > 0 and record.cost > 0
     logs = client.get(f"/client/v4/accounts/{account_id}/ai-gateway/gateways/default/logs")
     assert logs.json()["result_info"]["total_count"] >= 4
@@ -218,7 +219,7 @@ def test_streaming_passes_through_without_buffering(fleet):
                        json={"prompt": "Count from one to fifty.", "max_tokens": 64,
                              "stream": True, "temperature": 0},
                        headers={"cf-ipcountry": "DE"}) as response:
-        assert response.headers[PRECISION_HEADER]  # the node's, passed on before the body
+        assert response.headers[WEIGHT_PRECISION]  # the node's, passed on before the body
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 arrivals.append(time.perf_counter() - started)

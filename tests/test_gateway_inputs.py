@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+
 from edgefire.gateway.app import create_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.settings import GatewaySettings

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from edgefire.gateway.errors import ConfigError
+
+from edgefire.contract.errors import ConfigError
 from edgefire.gateway.providers.base import ProviderContext
 from edgefire.gateway.providers.openai_compatible import OpenAICompatibleProvider
-
 from tests.gateway_fakes import RecordingUpstream, gateway
 
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}

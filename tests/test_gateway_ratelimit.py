@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import redis
+
 from edgefire.gateway.ratelimit import (
     MemoryRateLimiter,
     RateLimiter,
@@ -14,7 +15,6 @@ from edgefire.gateway.ratelimit import (
     make_rate_limiter,
 )
 from edgefire.gateway.settings import GatewaySettings
-
 from tests.redis_support import REDIS_URL, FakeClock, needs_redis
 
 Factory = Callable[[FakeClock], RateLimiter]

@@ -16,6 +16,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bench.gateway import MODEL, heartbeat
 from edgefire.gateway.app import create_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.redis_link import (
@@ -26,12 +32,6 @@ from edgefire.gateway.redis_link import (
 )
 from edgefire.gateway.settings import GatewaySettings
 from edgefire.gateway.state import GatewayState
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-from bench.gateway import MODEL, heartbeat
 from tests.conftest import free_port
 from tests.redis_support import FakeClock
 

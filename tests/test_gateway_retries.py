@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from edgefire.gateway.providers.base import UpstreamError, UpstreamRequest, UpstreamResponse
+
+from edgefire.contract.errors import InvalidInputError, RequestTimeoutError, UpstreamError
+from edgefire.gateway.providers.base import UpstreamRequest, UpstreamResponse
 from edgefire.gateway.retries import RetryPolicy, send_with_retries
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.errors import RequestTimeoutError
 
 REQUEST = UpstreamRequest("acct", "@cf/x", b"{}")
 

@@ -6,7 +6,9 @@ import asyncio
 import json
 
 import pytest
-from edgefire.gateway.errors import ForbiddenError
+
+from edgefire.contract.cities import City, all_cities
+from edgefire.contract.errors import ForbiddenError, InvalidInputError
 from edgefire.gateway.routing.directory import NodeDirectory
 from edgefire.gateway.routing.geo import (
     COUNTRY_CENTROIDS,
@@ -14,8 +16,6 @@ from edgefire.gateway.routing.geo import (
     great_circle_km,
     latency_ms,
 )
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.node.city import City, all_cities
 
 CITIES = {c.code: c for c in all_cities()}
 SMALL = "@cf/huggingfacetb/smollm2-135m-instruct"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from edgefire.gateway.errors import ConfigError
-from edgefire.gateway.node_auth import NodeCredentials
 
+from edgefire.contract.errors import ConfigError
+from edgefire.gateway.node_auth import NodeCredentials
 from tests.conftest import free_port
 from tests.gateway_fakes import MODEL, RecordingUpstream, gateway, heartbeat
 

@@ -10,17 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 
 import pytest
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import ConflictError, InvalidInputError, NotFoundError
 from edgefire.gateway import logs as logs_module
 from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.cli_accounts import add_account_commands
 from edgefire.gateway.db import Database
-from edgefire.gateway.errors import ConflictError, NotFoundError
 from edgefire.gateway.gateways import GatewayStore
 from edgefire.gateway.logs import LogRecord, LogRetention, LogStore, new_log_id
 from edgefire.gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.errors import InvalidInputError
-
 from tests.redis_support import FakeClock
 
 

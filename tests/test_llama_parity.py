@@ -11,12 +11,13 @@ import dataclasses
 
 import pytest
 import torch
+
+from edgefire.contract.errors import ContextLengthError, InvalidInputError, WeightsNotFoundError
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
 from edgefire.runtime.engine.model_runner import kv_bytes_per_block
 from edgefire.runtime.engine.scheduler import ScheduledBatch
 from edgefire.runtime.engine.sequence import Sequence
-from edgefire.runtime.errors import ContextLengthError, InvalidInputError, WeightsNotFoundError
 from edgefire.runtime.weights import resolve_source
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,10 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from edgefire.runtime.catalog import Catalog, ModelSpec
-from edgefire.runtime.errors import ModelUnavailableError, UnknownModelError
-from edgefire.runtime.node.model_registry import CapacityError, ModelRegistry
+
+from edgefire.contract.catalog import Catalog, ModelSpec
+from edgefire.contract.errors import CapacityError, ModelUnavailableError, UnknownModelError
+from edgefire.runtime.node.model_registry import ModelRegistry
 
 MIB = 1 << 20
 

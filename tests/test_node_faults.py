@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from edgefire.contract.cities import load_city
 from edgefire.runtime.engine.async_engine import AsyncEngine
 from edgefire.runtime.engine.llm_engine import LLMEngine
-from edgefire.runtime.node.city import load_city
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import TextModel
 from edgefire.runtime.node.settings import NodeSettings

@@ -8,16 +8,17 @@ import time
 from collections.abc import Callable
 
 import pytest
-from edgefire.gateway.routing.directory import NodeDirectory
-from edgefire.runtime.node.city import load_city
-from edgefire.runtime.node.heartbeat import HeartbeatSender
-from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.node.settings import NodeSettings
-from edgefire.runtime.server.app import create_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from edgefire.contract.cities import load_city
+from edgefire.gateway.routing.directory import NodeDirectory
+from edgefire.runtime.node.heartbeat import HeartbeatSender
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server.app import create_app
 
 
 def recording_gateway(beats: list[tuple[dict, dict]]) -> Starlette:
@@ -135,6 +136,6 @@ def test_payload_reports_degraded_while_a_model_is() -> None:
     sender = HeartbeatSender(node, "http://gateway.test", "http://fra.test:8701", 1.0, None)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(node.registry, "degraded", lambda: ["@cf/some/model"])
-        assert sender.payload()["status"] == "degraded"
-    assert sender.payload()["status"] == "ok"
+        assert sender.report().status == "degraded"
+    assert sender.report().status == "ok"
 

@@ -6,27 +6,28 @@ from __future__ import annotations
 import httpx
 import pytest
 import schemathesis
+
+from edgefire.contract.cities import load_city
+from edgefire.contract.errors import InvalidInputError
+from edgefire.contract.openapi import node_document
+from edgefire.contract.schemas import (
+    CHAT_COMPLETIONS_REQUEST,
+    HEARTBEAT,
+    TEXT_EMBEDDINGS_INPUT,
+    TEXT_GENERATION_INPUT,
+)
+from edgefire.contract.tasks import TASKS
+from edgefire.contract.validation import Checker
 from edgefire.gateway.app import create_app as create_gateway_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.openapi import gateway_document
 from edgefire.gateway.schemas import GATEWAY_CREATE
 from edgefire.gateway.settings import GatewaySettings
 from edgefire.gateway.state import GatewayState
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.node.city import load_city
 from edgefire.runtime.node.heartbeat import HeartbeatSender
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server.app import create_app as create_node_app
-from edgefire.runtime.server.openapi import node_document
-from edgefire.runtime.server.schemas import (
-    CHAT_COMPLETIONS_REQUEST,
-    HEARTBEAT,
-    TEXT_EMBEDDINGS_INPUT,
-    TEXT_GENERATION_INPUT,
-)
-from edgefire.runtime.server.tasks import TASKS
-from edgefire.runtime.server.validation import Checker
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 RUN = "/client/v4/accounts/{account_id}/ai/run"
@@ -80,7 +81,7 @@ def test_every_documented_example_passes_its_schema(node):
 
 
 def test_a_nodes_heartbeat_passes_the_schema_the_gateway_checks(node):
-    payload = HeartbeatSender(node, "http://gateway", "http://node:1", 1.0, None).payload()
+    payload = HeartbeatSender(node, "http://gateway", "http://node:1", 1.0, None).report().to_json()
     assert Checker(HEARTBEAT).check(payload) == payload
 
 

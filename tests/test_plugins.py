@@ -7,13 +7,10 @@ import logging
 import types
 
 import pytest
+
+from edgefire.contract.errors import UnknownComponentError
 from edgefire.runtime.cli import main as cli_main
-from edgefire.runtime.plugins import (
-    DuplicatePluginError,
-    PluginHost,
-    UnknownComponentError,
-    hookimpl,
-)
+from edgefire.runtime.plugins import DuplicatePluginError, PluginHost, hookimpl
 from edgefire.runtime.plugins import manager as plugin_manager
 from edgefire.runtime.plugins.manager import allow_list_from_env
 
@@ -136,8 +133,9 @@ def reference_tokens():
 @pytest.mark.slow
 def test_third_party_codec_and_kv_backend_are_used_by_name(reference_tokens):
     import edgefire_dummy
+
+    from edgefire.contract.catalog import Catalog
     from edgefire.runtime import LLM, EngineConfig, SamplingParams
-    from edgefire.runtime.catalog import Catalog
     from edgefire.runtime.plugins import load_plugins
 
     spec = dataclasses.replace(Catalog.load().get(MODEL), codec="dummy_zlib")

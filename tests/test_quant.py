@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from edgefire.plugins.quant import QuantCodec
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, HAS_INT8_KERNEL, Int4Linear, Int8Linear
 
@@ -98,8 +99,8 @@ def test_unquantized_layers_still_take_dense_tensors() -> None:
 
 @pytest.fixture(scope="module")
 def loaded():
+    from edgefire.contract.catalog import Catalog
     from edgefire.plugins.quant.evaluate import load_with_codec
-    from edgefire.runtime.catalog import Catalog
     from edgefire.runtime.engine.precision import Precision
 
     spec = Catalog.load().get_runnable(MODEL)
@@ -119,7 +120,7 @@ def test_quantized_models_report_precision_and_shrink(loaded) -> None:
 
 @pytest.mark.slow
 def test_catalog_variants_state_the_precision_their_models_report(loaded) -> None:
-    from edgefire.runtime.catalog import Catalog
+    from edgefire.contract.catalog import Catalog
     from edgefire.runtime.weight_precision import stated_precision
 
     catalog = Catalog.load()

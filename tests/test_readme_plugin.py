@@ -7,6 +7,7 @@ import types
 from pathlib import Path
 
 import pytest
+
 from edgefire.runtime.plugins import load_plugins
 
 README = Path(__file__).resolve().parent.parent / "README.md"

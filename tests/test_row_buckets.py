@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from edgefire.models.row_buckets import EXACT_BELOW, bucket_rows, dense_linear
 
 

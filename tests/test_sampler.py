@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+
+from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
 from edgefire.runtime.engine.sampling_params import (
     MAX_SEED,
@@ -15,7 +17,6 @@ from edgefire.runtime.engine.sampling_params import (
     SamplingParams,
 )
 from edgefire.runtime.engine.sequence import Sequence
-from edgefire.runtime.errors import InvalidInputError
 
 VOCAB = 50
 _ids = itertools.count()

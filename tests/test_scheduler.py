@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+
 from edgefire.runtime.engine.block_manager import BlockManager
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig

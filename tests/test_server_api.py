@@ -10,12 +10,13 @@ import uuid
 import httpx
 import jsonschema_rs
 import pytest
+
+from edgefire.contract.catalog_api import model_object, published_precision
+from edgefire.contract.cities import load_city
 from edgefire.runtime.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from edgefire.runtime.node.city import load_city
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app
-from edgefire.runtime.server.catalog_api import model_object
 from edgefire.runtime.server.generation import TextGenerator
 from edgefire.runtime.server.metrics import ServerMetrics
 from edgefire.runtime.weight_precision import compute_precision
@@ -255,15 +256,17 @@ def test_models_search_states_each_weight_precision(client, node):
                    if props.get("planning_only"))
 
 
-def test_without_a_node_a_dense_models_precision_is_not_stated(node):
-    # The gateway's catalog: nodes choose their compute dtype, so only codecs fix a precision.
+def test_the_gateways_catalog_states_only_published_precisions(node):
+    # The gateway loads no codecs and holds no models: which precision a runnable model has is
+    # its node's to say (in the search it serves and on every answer's header).
     def stated(name: str) -> dict:
-        properties = model_object(node.catalog.get(name), None)["properties"]
+        properties = model_object(node.catalog.get(name), published_precision)["properties"]
         return {p["property_id"]: p["value"] for p in properties}
 
-    assert "weight_precision" not in stated(SMOL) and stated(SMOL)["weight_codec"] == "identity"
-    assert stated(SMOL_INT8)["weight_precision"] == "int8"
-    assert stated(MINILM)["weight_precision"] == "float32"
+    for name in (SMOL, SMOL_INT8, MINILM):
+        assert "weight_precision" not in stated(name)
+    assert stated(SMOL_INT8)["weight_codec"] == "int8"
+    assert stated("@cf/meta/llama-3.1-8b-instruct")["weight_precision"] == "bfloat16"
 
 
 @pytest.mark.parametrize(("params", "wanted"), [

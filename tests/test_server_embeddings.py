@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from edgefire.runtime.node.city import load_city
+
+from edgefire.contract.cities import load_city
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app

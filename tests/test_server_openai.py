@@ -6,11 +6,13 @@ import math
 
 import openai
 import pytest
-from edgefire.runtime.node.city import load_city
+
+from edgefire.contract.cities import load_city
+from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app
-from edgefire.runtime.weight_precision import PRECISION_HEADER, compute_precision
+from edgefire.runtime.weight_precision import compute_precision
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +49,14 @@ def test_precision_in_header_and_system_fingerprint(client):
                              (f"{SMOL}-unweight", "bfloat16-unweight")):
         raw = client.chat.completions.with_raw_response.create(
             model=model, messages=QUESTION, max_tokens=2)
-        assert raw.headers[PRECISION_HEADER] == precision
+        assert raw.headers[WEIGHT_PRECISION] == precision
         assert raw.parse().system_fingerprint == f"edgefire-{precision}"
     with client.chat.completions.with_streaming_response.create(
             model=SMOL_INT8, messages=QUESTION, max_tokens=2, stream=True) as response:
-        assert response.headers[PRECISION_HEADER] == "int8"
+        assert response.headers[WEIGHT_PRECISION] == "int8"
         assert {c.system_fingerprint for c in response.parse()} == {"edgefire-int8"}
     raw = client.embeddings.with_raw_response.create(model=MINILM, input="A cat sat.")
-    assert raw.headers[PRECISION_HEADER] == "float32"
+    assert raw.headers[WEIGHT_PRECISION] == "float32"
 
 
 def test_streaming_with_usage_matches_the_completion(client):

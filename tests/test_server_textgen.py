@@ -9,12 +9,14 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+
+from edgefire.contract.cities import load_city
+from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.runtime.engine.llm_engine import LLMEngine
-from edgefire.runtime.node.city import load_city
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app
-from edgefire.runtime.weight_precision import PRECISION_HEADER, compute_precision, stated_precision
+from edgefire.runtime.weight_precision import compute_precision, stated_precision
 
 pytestmark = pytest.mark.slow
 
@@ -135,10 +137,10 @@ def test_responses_name_the_weight_precision_the_catalog_states(server):
     stated = stated_precision(server.node.catalog.get(SMOL),
                               compute_precision(server.node.settings.dtype))
     assert served == stated
-    assert _run(server, prompt="Hi", max_tokens=2).headers[PRECISION_HEADER] == served
+    assert _run(server, prompt="Hi", max_tokens=2).headers[WEIGHT_PRECISION] == served
     with server.client.stream("POST", RUN, json={"prompt": "Hi", "max_tokens": 2,
                                                  "stream": True}) as response:
-        assert response.headers[PRECISION_HEADER] == served
+        assert response.headers[WEIGHT_PRECISION] == served
 
 
 @pytest.mark.parametrize(("inputs", "field"), [

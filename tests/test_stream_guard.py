@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
+
 from edgefire.gateway.stream_guard import guarded
 
 SSE = {"content-type": "text/event-stream"}

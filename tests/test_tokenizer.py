@@ -7,7 +7,8 @@ import os
 
 import gguf
 import pytest
-from edgefire.runtime.errors import InvalidInputError
+
+from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.tokenizer import (
     ChatTemplate,
     IncrementalDetokenizer,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from edgefire.plugins.unweight import (
     Passthrough,
     UnweightCodec,
@@ -18,7 +20,6 @@ from edgefire.plugins.unweight import (
 )
 from edgefire.plugins.unweight.form import decode_distribution
 from edgefire.runtime.weights import read_gguf, resolve_source
-from safetensors.torch import load_file
 
 SMOLLM = "@cf/huggingfacetb/smollm2-135m-instruct"
 

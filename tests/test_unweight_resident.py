@@ -9,11 +9,12 @@ import time
 
 import pytest
 import torch
+
+from edgefire.contract.catalog import Catalog
 from edgefire.plugins.unweight import autotune
 from edgefire.plugins.unweight.inference import _encode_rows, decode_inference, inference_form
 from edgefire.plugins.unweight.native import resident_kernels
 from edgefire.plugins.unweight.resident import UnweightLinear
-from edgefire.runtime.catalog import Catalog
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.llm import LLM
 from edgefire.runtime.weights.warm_cache import cache_root

@@ -8,11 +8,14 @@ import logging
 import os
 from pathlib import Path
 
-import edgefire.plugins.llama
 import gguf
 import pytest
 import torch
-from edgefire.runtime.catalog import Catalog, ModelSpec
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
+
+import edgefire.plugins.llama
+from edgefire.contract.catalog import Catalog, ModelSpec
 from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.engine.sampling_params import SamplingParams
@@ -27,8 +30,6 @@ from edgefire.runtime.weights.warm_cache import (
     WarmEntry,
     cache_key,
 )
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 PROMPTS = ["The capital of France is Paris. The capital of Germany is",

@@ -1,9 +1,9 @@
 """Providers: how the gateway turns a request into an upstream call (edge fleet or a URL)."""
 
+from edgefire.contract.errors import UpstreamError
 from edgefire.gateway.providers.base import (
     Provider,
     ProviderContext,
-    UpstreamError,
     UpstreamRequest,
     UpstreamResponse,
 )

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import UpstreamError
+from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.gateway.node_auth import NodeCredentials
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.errors import EdgefireError
-from edgefire.runtime.weight_precision import PRECISION_HEADER
 
 
 @dataclass(slots=True)
@@ -41,14 +42,7 @@ class UpstreamResponse:
 
 # What the client sees of an upstream's headers: the body's type, and what the edge node says
 # of the answer (its request id; the precision of the weights that made it).
-_KEPT_HEADERS = ("content-type", "cf-ai-req-id", PRECISION_HEADER)
-
-
-class UpstreamError(EdgefireError):
-    """The upstream could not be reached or answered in time (retried, then falls back)."""
-
-    code = 3040
-    status = 429
+_KEPT_HEADERS = ("content-type", "cf-ai-req-id", WEIGHT_PRECISION)
 
 
 @dataclass(slots=True)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from edgefire.gateway.errors import ConfigError
+from edgefire.contract.errors import ConfigError, InvalidInputError
 from edgefire.gateway.providers.base import (
     ProviderContext,
     UpstreamRequest,
     UpstreamResponse,
     forward,
 )
-from edgefire.runtime.errors import InvalidInputError
 
 # The OpenAI API's POST endpoints for inference, with or without the version prefix (base_url
 # may or may not end in /v1). Files, fine-tuning, batches and the like are left out: they act

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import json
 
-from edgefire.gateway.node_auth import SECRET_HEADER
+from edgefire.contract.errors import (
+    FleetStartingError,
+    InvalidInputError,
+    NoNodeError,
+    UpstreamError,
+)
+from edgefire.contract.headers import NODE_SECRET
 from edgefire.gateway.providers.base import (
     ProviderContext,
-    UpstreamError,
     UpstreamRequest,
     UpstreamResponse,
     forward,
 )
-from edgefire.runtime.errors import EdgefireError, InvalidInputError
 
-NO_CAPACITY = "No more data centers to forward the request to"
-STARTING = "The edge fleet is starting: no node is ready yet; retry in a few seconds"
 _OPENAI_PATHS = ("v1/chat/completions", "v1/embeddings")
-
-
-class NoNodeError(EdgefireError):
-    code = 3040
-    status = 429
-
-
-class FleetStartingError(NoNodeError):
-    """No node has become ready since the gateway started (edge-gateway dev's start-up)."""
-
-    status = 503
 
 
 class WorkersAIProvider:
@@ -47,10 +38,10 @@ class WorkersAIProvider:
         nodes = directory.candidates(spec.id, need, request.location, session)
         if not nodes and directory.starting:
             if not await directory.wait_until_ready():
-                raise FleetStartingError(STARTING)
+                raise FleetStartingError()
             nodes = directory.candidates(spec.id, need, request.location, session)
         if not nodes:
-            raise NoNodeError(NO_CAPACITY)
+            raise NoNodeError()
         last: UpstreamError | None = None
         for node in nodes[:2]:
             url = f"{node.url}/client/v4/accounts/{request.account_id}/ai/{_node_path(request)}"
@@ -64,14 +55,14 @@ class WorkersAIProvider:
             if session and response.ok:
                 directory.pin(*session, node.city)
             return response
-        raise last or NoNodeError(NO_CAPACITY)
+        raise last or NoNodeError()
 
     def _headers(self, credential: str) -> dict[str, str]:
         """The node checks the secret of the credential its city is bound to (its own)."""
         headers = {"content-type": "application/json"}
         secret = self.context.node_credentials.secret(credential)
         if secret:
-            headers[SECRET_HEADER] = secret
+            headers[NODE_SECRET] = secret
         return headers
 
 

@@ -8,11 +8,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from edgefire.gateway.errors import ForbiddenError
+from edgefire.contract.errors import ForbiddenError, InvalidInputError
 from edgefire.gateway.node_auth import OPEN
 from edgefire.gateway.routing.geo import great_circle_km, latency_ms
 from edgefire.gateway.routing.report import validate
-from edgefire.runtime.errors import InvalidInputError
 
 # A cold load takes seconds, but whether a node is worth it also depends on the user's
 # latency on every later request: this many ms lets a loaded neighbour (tens of ms
@@ -64,7 +63,7 @@ class NodeDirectory:
         InvalidInputError if malformed or a new city past max_nodes; ForbiddenError when a
         live city is bound to another credential (so its URL cannot be taken over).
         """
-        fields = validate(payload, self.max_models)
+        fields = asdict(validate(payload, self.max_models))
         now = self._clock()
         node = self._nodes.get(fields["city"])
         if node is not None and node.credential != credential and self._is_live(node, now):

@@ -11,37 +11,24 @@ import ipaddress
 import re
 from urllib.parse import urlsplit
 
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.schemas import HEARTBEAT
-from edgefire.runtime.server.validation import Checker
+from edgefire.contract.errors import InvalidInputError
+from edgefire.contract.node_report import NodeReport
+from edgefire.contract.schemas import HEARTBEAT
 
 MAX_URL_CHARS = HEARTBEAT["properties"]["url"]["maxLength"]
 _HOST = re.compile(r"[A-Za-z0-9.-]{1,253}")
-_HEARTBEAT = Checker(HEARTBEAT)
 
 
-def validate(payload: object, max_models: int) -> dict:
-    """The fields of a NodeState from a heartbeat: the HEARTBEAT schema, then what a schema
+def validate(payload: object, max_models: int) -> NodeReport:
+    """A heartbeat's report: the HEARTBEAT schema (NodeReport.from_json), then what a schema
     cannot say (an origin URL, the configured model count); InvalidInputError (5006) naming
     the field."""
-    body = _HEARTBEAT.check(payload)
-    models = body.get("loaded_models", {})
-    if len(models) > max_models:
+    report = NodeReport.from_json(payload)
+    if len(report.loaded_models) > max_models:
         raise InvalidInputError(f"loaded_models has more than {max_models} entries",
                                 field="loaded_models")
-    return {
-        "city": body["city"], "url": node_url(body["url"]),
-        "lat": float(body["lat"]), "lon": float(body["lon"]),
-        # JSON Schema counts 2.0 as an integer; the directory keeps ints.
-        "memory_budget_bytes": int(body["memory_budget_bytes"]),
-        "accelerator_bytes": int(body["accelerator_bytes"]),
-        "loaded_models": models,
-        "running": int(body.get("running", 0)), "waiting": int(body.get("waiting", 0)),
-        "kv_usage": float(body.get("kv_usage", 0.0)),
-        "name": body.get("name") or "",
-        "role": body.get("role") or "both",
-        "status": body.get("status") or "ok",
-    }
+    report.url = node_url(report.url)
+    return report
 
 
 def node_url(url: str) -> str:

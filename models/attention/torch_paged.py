@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel
 from edgefire.models.attention.metadata import AttentionMetadata
 

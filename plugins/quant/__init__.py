@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
 from edgefire.plugins.quant.linear import Int4Linear, Int8Linear
 from edgefire.runtime.plugins import hookimpl
 

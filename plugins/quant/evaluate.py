@@ -7,8 +7,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from edgefire.contract.catalog import ModelSpec
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
-from edgefire.runtime.catalog import ModelSpec
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.model_loader import LoadedModel, load_model
 

@@ -8,6 +8,7 @@ decode, for an engine that keeps weights compressed while resident.
 from __future__ import annotations
 
 import torch
+
 from edgefire.plugins.unweight.form import Distribution, Passthrough, decode_distribution, encode
 from edgefire.plugins.unweight.inference import (
     Inference,

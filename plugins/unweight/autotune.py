@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+
 from edgefire.runtime.weights.warm_cache import cache_root, dtype_name
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

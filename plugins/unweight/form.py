@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from edgefire.plugins.unweight import huffman
 from edgefire.plugins.unweight.native import decoder
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from edgefire.plugins.unweight.form import (
     PALETTE_SIZE,
     ROW_WIDTH,

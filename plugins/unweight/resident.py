@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from edgefire.plugins.unweight import autotune
 from edgefire.plugins.unweight.inference import (
     Inference,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+
 from edgefire.plugins.unweight.form import Distribution, Layout
 
 MAGIC = b"UWD1"

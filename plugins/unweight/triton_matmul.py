@@ -14,6 +14,7 @@ the interpreter when it decorates a function, its own `tl.*` helpers included).
 from __future__ import annotations
 
 import torch
+
 from edgefire.plugins.unweight.inference import Inference, row_verbatim_start
 
 try:

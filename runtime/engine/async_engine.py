@@ -13,28 +13,14 @@ import asyncio
 import logging
 from collections import deque
 
+from edgefire.contract.errors import EngineFailedError, InvalidInputError
 from edgefire.runtime.engine.compute_thread import ComputeThread
 from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
 from edgefire.runtime.engine.outputs import RequestOutput
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.sequence import Sequence
-from edgefire.runtime.errors import EdgefireError, InvalidInputError
 
 log = logging.getLogger(__name__)
-
-
-class EngineFailedError(EdgefireError):
-    """The engine failed on this request: its step raised, or the engine stopped.
-
-    What went wrong is logged on the node with its traceback; clients only learn that it
-    was internal (exception text can show paths, shapes or other tenants' state).
-    """
-
-    code = 3043
-    status = 500
-
-    def __init__(self) -> None:
-        super().__init__("Internal server error")
 
 
 class AsyncEngine:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edgefire.runtime.catalog import ModelSpec
+from edgefire.contract.catalog import ModelSpec
 from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
 from edgefire.runtime.model_loader import LoadedModel, load_model
 

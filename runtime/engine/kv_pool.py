@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
 from edgefire.runtime.engine.block_manager import BlockManager
 
 

@@ -6,6 +6,8 @@ import secrets
 from dataclasses import dataclass
 
 import torch
+
+from edgefire.contract.errors import ContextLengthError, InvalidInputError
 from edgefire.runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
 from edgefire.runtime.engine.output_processor import OutputProcessor
 from edgefire.runtime.engine.outputs import RequestOutput
@@ -14,7 +16,6 @@ from edgefire.runtime.engine.sampler import Sampler
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from edgefire.runtime.engine.sequence import Sequence
-from edgefire.runtime.errors import ContextLengthError, InvalidInputError
 from edgefire.runtime.plugins import load_plugins
 from edgefire.runtime.tokenizer import Tokenizer
 

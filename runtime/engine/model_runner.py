@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.engine.scheduler import ScheduledBatch

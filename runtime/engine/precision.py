@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from edgefire.runtime.errors import InvalidInputError
+
+from edgefire.contract.errors import InvalidInputError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -7,6 +7,7 @@ whatever else shares its batch.
 from __future__ import annotations
 
 import torch
+
 from edgefire.runtime.engine.sequence import Sequence
 
 

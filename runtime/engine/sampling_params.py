@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgefire.runtime.errors import InvalidInputError
+from edgefire.contract.errors import InvalidInputError
 
 MAX_SEED = 2**63 - 1
 # OpenAI's limit on stop sequences. Each one's length bounds how much text a stream holds back

@@ -17,13 +17,14 @@ import threading
 import time
 
 import httpx
+
+from edgefire.contract.headers import NODE_SECRET
+from edgefire.contract.node_report import HEARTBEAT_PATH, NodeReport
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import TextModel
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_PATH = "/internal/nodes/heartbeat"
-SECRET_HEADER = "x-edgefire-node-secret"
 WARN_EVERY_S = 60.0
 # Below the gateway's default 6 s heartbeat timeout: a beat slower than that is already stale.
 REQUEST_TIMEOUT_S = 5.0
@@ -36,7 +37,7 @@ class HeartbeatSender:
         self.url = gateway_url.rstrip("/") + HEARTBEAT_PATH
         self.public_url = public_url
         self.interval_s = interval_s
-        self.headers = {SECRET_HEADER: secret} if secret else {}
+        self.headers = {NODE_SECRET: secret} if secret else {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._last_warning = -WARN_EVERY_S
@@ -68,7 +69,7 @@ class HeartbeatSender:
             self._thread.join(timeout=REQUEST_TIMEOUT_S + 1)
             self._thread = None
 
-    def payload(self) -> dict:
+    def report(self) -> NodeReport:
         city = self.node.city
         running = waiting = 0
         kv_usage = 0.0
@@ -78,16 +79,15 @@ class HeartbeatSender:
                 running += len(engine.scheduler.running)
                 waiting += model.engine.num_waiting
                 kv_usage = max(kv_usage, engine.blocks.usage)
-        return {
-            "city": city.code, "name": city.name, "url": self.public_url,
-            "lat": city.lat, "lon": city.lon, "role": city.role,
-            "memory_budget_bytes": city.memory_budget_bytes,
-            "accelerator_bytes": city.declared_accelerator_bytes,
-            "loaded_models": self.node.registry.loaded(),
-            "running": running, "waiting": waiting, "kv_usage": kv_usage,
+        return NodeReport(
+            city=city.code, name=city.name, url=self.public_url,
+            lat=city.lat, lon=city.lon, role=city.role,
+            memory_budget_bytes=city.memory_budget_bytes,
+            accelerator_bytes=city.declared_accelerator_bytes,
+            loaded_models=self.node.registry.loaded(),
+            running=running, waiting=waiting, kv_usage=kv_usage,
             # "degraded": a model failed lately (see EdgeNode.health); the node still serves.
-            "status": "degraded" if self.node.registry.degraded() else "ok",
-        }
+            status="degraded" if self.node.registry.degraded() else "ok")
 
     def _run(self) -> None:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
@@ -97,7 +97,7 @@ class HeartbeatSender:
 
     def _beat(self, client: httpx.Client) -> None:
         try:
-            response = client.post(self.url, json=self.payload(), headers=self.headers)
+            response = client.post(self.url, json=self.report().to_json(), headers=self.headers)
             response.raise_for_status()
         # Anything (a refused connection, a 500, a bug in reading engine state) must not end
         # the loop: a node that stops beating silently drops out of routing.

@@ -21,17 +21,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgefire.runtime.catalog import Catalog, ModelSpec
-from edgefire.runtime.errors import EdgefireError
+from edgefire.contract.catalog import Catalog, ModelSpec
+from edgefire.contract.errors import CapacityError
 
 log = logging.getLogger(__name__)
-
-
-class CapacityError(EdgefireError):
-    """The node cannot take this request now (busy, or no room to load the model)."""
-
-    code = 3040
-    status = 429
 
 
 class ServedModel(Protocol):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from edgefire.runtime.catalog import Catalog
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.cities import City
 from edgefire.runtime.engine.compute_thread import ComputeThread
-from edgefire.runtime.node.city import City
 from edgefire.runtime.node.model_registry import ModelRegistry
 from edgefire.runtime.node.served import build_served_model
 from edgefire.runtime.node.settings import NodeSettings

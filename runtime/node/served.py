@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from edgefire.runtime.catalog import ModelSpec
+from tokenizers import decoders
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.contract.errors import ModelUnavailableError
 from edgefire.runtime.engine.async_engine import AsyncEngine
 from edgefire.runtime.engine.builder import build_engine
 from edgefire.runtime.engine.compute_thread import ComputeThread
 from edgefire.runtime.engine.llm_engine import EngineConfig
-from edgefire.runtime.errors import ModelUnavailableError
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.tokenizer import Tokenizer
-from tokenizers import decoders
 
 TEXT_GENERATION = "text-generation"
 TEXT_EMBEDDINGS = "text-embeddings"

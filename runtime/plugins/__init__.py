@@ -1,5 +1,6 @@
 """The plugin system: pluggy hooks, entry-point discovery, registries of factories."""
 
+from edgefire.contract.errors import UnknownComponentError
 from edgefire.runtime.plugins.manager import (
     DEFAULT_PLUGINS,
     ENTRY_POINT_GROUP,
@@ -8,7 +9,7 @@ from edgefire.runtime.plugins.manager import (
     load_plugins,
 )
 from edgefire.runtime.plugins.markers import hookimpl
-from edgefire.runtime.plugins.registry import DuplicatePluginError, Registry, UnknownComponentError
+from edgefire.runtime.plugins.registry import DuplicatePluginError, Registry
 
 __all__ = [
     "DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "DuplicatePluginError", "PluginHost", "PluginInfo",

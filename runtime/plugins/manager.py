@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
 import pluggy
+
 from edgefire.runtime.plugins import hookspecs
 from edgefire.runtime.plugins.markers import PROJECT
 from edgefire.runtime.plugins.registry import Registration, Registry

@@ -6,18 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgefire.runtime.errors import EdgefireError
+from edgefire.contract.errors import UnknownComponentError
 
 
 class DuplicatePluginError(RuntimeError):
     """Two plugins registered the same name in one registry."""
-
-
-class UnknownComponentError(EdgefireError):
-    """Config names a model architecture, KV backend, codec, … that no plugin registered."""
-
-    code = 5018
-    status = 400
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,7 +12,7 @@ Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node sec
                                    node stays routable: its other models serve, and a dead
                                    engine is rebuilt by the next request for its model)
   GET  /metrics                    Prometheus text (names in edgefire.runtime.server.metrics)
-  GET  /openapi.json               this list as OpenAPI (edgefire.runtime.server.openapi)
+  GET  /openapi.json               this list as OpenAPI (edgefire.contract.openapi)
 Health, metrics and the document need no secret: load balancers and scrapers probe them.
 Every inference response names the model's weight precision in x-edgefire-weight-precision.
 """
@@ -22,25 +22,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 
-from edgefire.runtime.errors import EdgefireError
-from edgefire.runtime.node.heartbeat import HeartbeatSender
-from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.server.auth import NodeSecretMiddleware
-from edgefire.runtime.server.catalog_api import CatalogRoutes
-from edgefire.runtime.server.embedding import Embedder
-from edgefire.runtime.server.errors import InternalErrorMiddleware, handle_error
-from edgefire.runtime.server.generation import TextGenerator
-from edgefire.runtime.server.metrics import ServerMetrics
-from edgefire.runtime.server.native import WorkersAIRoutes
-from edgefire.runtime.server.openai_compat import OpenAIRoutes
-from edgefire.runtime.server.openapi import OPENAPI_PATH, node_document, serve_document
-from edgefire.runtime.server.ops import OpsRoutes
-from edgefire.runtime.weight_precision import compute_precision
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
+
+from edgefire.contract.catalog_api import CatalogRoutes
+from edgefire.contract.errors import EdgefireError
+from edgefire.contract.http_errors import InternalErrorMiddleware, handle_error
+from edgefire.contract.openapi import OPENAPI_PATH, node_document, serve_document
+from edgefire.runtime.node.heartbeat import HeartbeatSender
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server.auth import NodeSecretMiddleware
+from edgefire.runtime.server.embedding import Embedder
+from edgefire.runtime.server.generation import TextGenerator
+from edgefire.runtime.server.metrics import ServerMetrics
+from edgefire.runtime.server.native import WorkersAIRoutes
+from edgefire.runtime.server.openai_compat import OpenAIRoutes
+from edgefire.runtime.server.ops import OpsRoutes
+from edgefire.runtime.weight_precision import compute_precision, stated_precision
 
 API_PREFIX = "/client/v4/accounts/{account_id}/ai"
 
@@ -50,7 +52,8 @@ def create_app(node: EdgeNode) -> Starlette:
     text, embedder = TextGenerator(node, metrics), Embedder(node, metrics)
     native = WorkersAIRoutes(node, text, embedder)
     openai = OpenAIRoutes(node, text, embedder)
-    catalog = CatalogRoutes(node.catalog, compute_precision(node.settings.dtype))
+    compute = compute_precision(node.settings.dtype)
+    catalog = CatalogRoutes(node.catalog, partial(stated_precision, compute=compute))
     ops = OpsRoutes(node, metrics)
     api = [
         Route("/run/{model:path}", native.run, methods=["POST"]),

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hmac
 
-from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.server.errors import AuthenticationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-SECRET_HEADER = "x-edgefire-node-secret"
+from edgefire.contract.errors import AuthenticationError
+from edgefire.contract.headers import NODE_SECRET
+from edgefire.runtime.node.node import EdgeNode
 
 
 class NodeSecretMiddleware:
@@ -21,7 +21,7 @@ class NodeSecretMiddleware:
         # Read per request, so a secret rotated in the settings applies at once.
         secret = self.node.settings.node_secret
         if secret and scope["type"] == "http":
-            given = Headers(scope=scope).get(SECRET_HEADER, "")
+            given = Headers(scope=scope).get(NODE_SECRET, "")
             if not hmac.compare_digest(given.encode(), secret.encode()):
                 raise AuthenticationError()
         await self.app(scope, receive, send)

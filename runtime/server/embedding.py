@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from edgefire.runtime.catalog import ModelSpec
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.contract.http_errors import time_limit
 from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.server.errors import time_limit
 from edgefire.runtime.server.metrics import ServerMetrics
 
 
@@ -16,11 +17,6 @@ class Embeddings:
     vectors: torch.Tensor  # [len(texts), dim], float32
     num_tokens: int
     weight_precision: str
-
-
-def as_texts(value: str | list[str]) -> list[str]:
-    """The texts of a schema-checked `text` (or OpenAI `input`): one string or a list."""
-    return [value] if isinstance(value, str) else value
 
 
 class Embedder:

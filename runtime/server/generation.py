@@ -16,17 +16,19 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 
-from edgefire.runtime.catalog import ModelSpec
+from starlette.types import Receive
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.contract.disconnect import unless_disconnected
+from edgefire.contract.errors import CapacityError
+from edgefire.contract.http_errors import time_limit
+from edgefire.contract.text_generation import TextGenerationRequest
 from edgefire.runtime.engine.outputs import RequestOutput, Usage
 from edgefire.runtime.engine.sampling_params import SamplingParams
-from edgefire.runtime.node.model_registry import CapacityError
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import TextModel
-from edgefire.runtime.server.disconnect import unless_disconnected
-from edgefire.runtime.server.errors import BUSY_MESSAGE, time_limit
 from edgefire.runtime.server.metrics import RequestTimer, ServerMetrics
-from edgefire.runtime.server.prompts import PromptInput, encode_prompt
-from starlette.types import Receive
+from edgefire.runtime.server.prompts import encode_prompt
 
 
 @dataclass(slots=True)
@@ -118,18 +120,21 @@ class TextGenerator:
         key = secret.encode() if secret else self._process_key
         return hmac.new(key, account_id.encode(), hashlib.sha256).digest()
 
-    async def start(self, account_id: str, spec: ModelSpec, prompt: PromptInput,
-                    params: list[SamplingParams], reject_if_busy: bool) -> Generation:
-        """Engine requests for each params, running; the caller must close() the result."""
+    async def start(self, account_id: str, spec: ModelSpec,
+                    request: TextGenerationRequest) -> Generation:
+        """Engine requests for each of request's choices, running; the caller must close()
+        the result."""
         started = time.perf_counter()
+        params = per_choice(SamplingParams(**request.sampling), request.n)
         stack = AsyncExitStack()
         try:
             served = await stack.enter_async_context(self.node.registry.use(spec.id))
-            if reject_if_busy and served.num_waiting >= self.node.settings.max_waiting_requests:
-                raise CapacityError(BUSY_MESSAGE)
+            if (request.reject_if_busy
+                    and served.num_waiting >= self.node.settings.max_waiting_requests):
+                raise CapacityError()
             # Off the event loop (a big prompt takes a while; the tokenizer releases the GIL)
             # and off the compute thread, which runs the engine steps.
-            prompt_ids = await asyncio.to_thread(encode_prompt, served.tokenizer, prompt,
+            prompt_ids = await asyncio.to_thread(encode_prompt, served.tokenizer, request.prompt,
                                                  served.max_model_len, served.max_token_chars)
             generation = Generation(served, stack)
             salt = self.prefix_cache_salt(account_id)
@@ -145,17 +150,15 @@ class TextGenerator:
         return generation
 
     async def complete(self, receive: Receive, account_id: str, spec: ModelSpec,
-                       prompt: PromptInput, params: list[SamplingParams],
-                       reject_if_busy: bool) -> Completed:
+                       request: TextGenerationRequest) -> Completed:
         """Run to the end within the node's request timeout (3007 past it, aborting), unless
         the client (`receive` is its request's) goes away first: then abort at once."""
-        return await unless_disconnected(
-            receive, self._complete(account_id, spec, prompt, params, reject_if_busy))
+        return await unless_disconnected(receive, self._complete(account_id, spec, request))
 
-    async def _complete(self, account_id: str, spec: ModelSpec, prompt: PromptInput,
-                        params: list[SamplingParams], reject_if_busy: bool) -> Completed:
+    async def _complete(self, account_id: str, spec: ModelSpec,
+                        request: TextGenerationRequest) -> Completed:
         async with time_limit(self.node.settings.request_timeout_s):
-            generation = await self.start(account_id, spec, prompt, params, reject_if_busy)
+            generation = await self.start(account_id, spec, request)
             try:
                 # One at a time is enough: every choice runs in the engine meanwhile.
                 choices = [await generation.collect(i) for i in range(generation.num_choices)]

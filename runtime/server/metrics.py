@@ -29,13 +29,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from edgefire.runtime.engine.llm_engine import LLMEngine
 from edgefire.runtime.engine.outputs import RequestOutput
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import TextModel
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 LABEL = "model_name"
 

@@ -8,34 +8,18 @@ import uuid
 from collections.abc import AsyncIterator
 
 import torch
-from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.node.served import TEXT_EMBEDDINGS, TEXT_GENERATION
-from edgefire.runtime.server.catalog_api import openai_model_list
-from edgefire.runtime.server.embedding import Embedder, as_texts
-from edgefire.runtime.server.generation import (
-    Completion,
-    Generation,
-    TextGenerator,
-    per_choice,
-    usage_json,
-)
-from edgefire.runtime.server.inputs import (
-    find_model,
-    given,
-    read_json,
-    reject_if_busy,
-    sampling_params,
-)
-from edgefire.runtime.server.prompts import prompt_input
-from edgefire.runtime.server.schemas import CHAT_COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
-from edgefire.runtime.server.sse import EventStream
-from edgefire.runtime.server.validation import Checker
-from edgefire.runtime.weight_precision import PRECISION_HEADER
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-_CHAT = Checker(CHAT_COMPLETIONS_REQUEST)
-_EMBEDDINGS = Checker(EMBEDDINGS_REQUEST)
+from edgefire.contract import embeddings, text_generation
+from edgefire.contract.bodies import read_json
+from edgefire.contract.catalog_api import openai_model_list
+from edgefire.contract.headers import WEIGHT_PRECISION
+from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
+from edgefire.contract.sse import EventStream
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server.embedding import Embedder
+from edgefire.runtime.server.generation import Completion, Generation, TextGenerator, usage_json
 
 
 class OpenAIRoutes:
@@ -45,40 +29,37 @@ class OpenAIRoutes:
         self.embedder = embedder
 
     async def chat_completions(self, request: Request) -> Response:
-        body = _CHAT.check(await read_json(request, self.node.settings.max_request_bytes))
+        body = await read_json(request, self.node.settings.max_request_bytes)
+        inputs = text_generation.parse_chat(body)
         name = body["model"]
-        spec = find_model(self.node.catalog, name, (TEXT_GENERATION,))
-        prompt = prompt_input(body, allow_prompt=False)
-        n = int(given(body, "n", 1))
-        params = per_choice(sampling_params(body, ("max_completion_tokens", "max_tokens")), n)
-        busy = reject_if_busy(body)
+        spec = self.node.catalog.find(name, (TEXT_GENERATION,))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         account_id = request.path_params["account_id"]
-        if given(body, "stream", False):
-            include_usage = given(given(body, "stream_options", {}), "include_usage", False)
-            generation = await self.text.start(account_id, spec, prompt, params, busy)
+        if inputs.stream:
+            generation = await self.text.start(account_id, spec, inputs)
             precision = generation.weight_precision
             head["system_fingerprint"] = fingerprint(precision)
-            return EventStream(_chunks(generation, head, include_usage), generation.close,
-                               openai=True, headers={PRECISION_HEADER: precision})
-        done = await self.text.complete(request.receive, account_id, spec, prompt, params, busy)
+            return EventStream(_chunks(generation, head, inputs.include_usage),
+                               generation.close, openai=True,
+                               headers={WEIGHT_PRECISION: precision})
+        done = await self.text.complete(request.receive, account_id, spec, inputs)
         head["system_fingerprint"] = fingerprint(done.weight_precision)
         return JSONResponse(_completion(head, done.choices),
-                            headers={PRECISION_HEADER: done.weight_precision})
+                            headers={WEIGHT_PRECISION: done.weight_precision})
 
     async def embeddings(self, request: Request) -> Response:
-        body = _EMBEDDINGS.check(await read_json(request, self.node.settings.max_request_bytes))
+        body = await read_json(request, self.node.settings.max_request_bytes)
+        inputs = embeddings.parse_openai(body)
         name = body["model"]
-        spec = find_model(self.node.catalog, name, (TEXT_EMBEDDINGS,))
-        texts = as_texts(body["input"])
-        encoding = given(body, "encoding_format", "float")
-        embeddings = await self.embedder.embed(spec, texts)
-        data = [{"object": "embedding", "index": i, "embedding": _vector(row, encoding)}
-                for i, row in enumerate(embeddings.vectors)]
-        tokens = embeddings.num_tokens
+        spec = self.node.catalog.find(name, (TEXT_EMBEDDINGS,))
+        result = await self.embedder.embed(spec, inputs.texts)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _vector(row, inputs.encoding_format)}
+                for i, row in enumerate(result.vectors)]
+        tokens = result.num_tokens
         return JSONResponse({"object": "list", "data": data, "model": name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-                            headers={PRECISION_HEADER: embeddings.weight_precision})
+                            headers={WEIGHT_PRECISION: result.weight_precision})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(openai_model_list(self.node.catalog))

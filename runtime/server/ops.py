@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.server.metrics import ServerMetrics
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server.metrics import ServerMetrics
 
 
 class OpsRoutes:

@@ -7,9 +7,10 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 import jinja2
-from edgefire.runtime.errors import InvalidInputError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from edgefire.contract.errors import InvalidInputError
 
 
 def _raise_exception(message: str) -> NoReturn:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-from edgefire.runtime.tokenizer.chat_template import ChatTemplate
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from edgefire.runtime.tokenizer.chat_template import ChatTemplate
 
 # GGUF token_type values (llama.cpp's llama_token_type).
 _TOKEN_CONTROL = 3

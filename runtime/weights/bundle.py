@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from edgefire.runtime.errors import CorruptWeightsError
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from edgefire.contract.errors import CorruptWeightsError
 from edgefire.runtime.plugins import load_plugins
 from edgefire.runtime.tokenizer import Tokenizer
 from edgefire.runtime.weights.codec import WeightCodec
 from edgefire.runtime.weights.warm_cache import ENV_VAR, WarmEntry, dtype_name, fsync
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
-from tqdm import tqdm
 
 FORMAT = "edgefire-bundle"
 # Bump when the stored layout changes; a codec versions its own bytes.

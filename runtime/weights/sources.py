@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from edgefire.runtime.errors import WeightsNotFoundError
+from edgefire.contract.errors import WeightsNotFoundError
 
 PACKAGE_SCHEME = "package://"
 

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from edgefire.runtime.catalog import ModelSpec
-from edgefire.runtime.tokenizer import Tokenizer
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.runtime.tokenizer import Tokenizer
 
 # Bump when the stored layout or the conversion that produces it changes.
 FORMAT_VERSION = 1

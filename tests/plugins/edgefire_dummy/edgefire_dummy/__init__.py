@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 
 import torch
+
 from edgefire.runtime.engine.block_manager import BlockManager
 from edgefire.runtime.engine.kv_pool import KVPool
 from edgefire.runtime.plugins import hookimpl

@@ -7,9 +7,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
-from edgefire.runtime.server.errors import as_api_error, error_body
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from edgefire.contract.http_errors import as_api_error, error_body
 
 log = logging.getLogger(__name__)
 

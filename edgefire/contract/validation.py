@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import jsonschema_rs
-from edgefire.runtime.errors import InvalidInputError
+
+from edgefire.contract.errors import InvalidInputError
 
 _Kind = jsonschema_rs.ValidationErrorKind
 _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number",

@@ -3,27 +3,35 @@
 A model's properties are its context window, then any catalog field named like a Workers AI
 property (`price`, `function_calling`, …: _PROPERTY_IDS), then `planning_only` for models that
 cannot run here. Values are strings except `price`, as Cloudflare's. Edgefire adds
-`weight_precision` (edgefire.runtime.weight_precision; absent where unknown) and, for runnable
-models, `weight_codec` (the catalog `codec` the weights load through).
+`weight_precision` (absent where unknown) and, for runnable models, `weight_codec` (the catalog
+`codec` the weights load through). Which precision a runnable model has is the node's to say
+(edgefire.runtime.weight_precision.stated_precision: it knows the codecs and its dtype); the
+gateway, which loads neither, states only the published precision of planning-only models.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
-from edgefire.runtime.catalog import Catalog, ModelSpec
-from edgefire.runtime.errors import InvalidInputError
-from edgefire.runtime.server.envelope import success
-from edgefire.runtime.server.inputs import find_model, page_number
-from edgefire.runtime.server.tasks import TASKS, task_of
-from edgefire.runtime.weight_precision import stated_precision
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
+from edgefire.contract.bodies import page_number
+from edgefire.contract.catalog import Catalog, ModelSpec
+from edgefire.contract.envelope import success
+from edgefire.contract.errors import InvalidInputError
+from edgefire.contract.tasks import TASKS, task_of
+
 _PROPERTY_IDS = ("price", "function_calling", "reasoning", "vision", "async_queue", "beta",
                  "lora", "terms", "info", "max_input_tokens", "output_dimensions", "partner",
                  "realtime", "planned_deprecation_date")
+
+_PUBLISHED = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+# A model's weight precision as a catalog listing states it; None where it is unknown.
+PrecisionOf = Callable[[ModelSpec], str | None]
 
 # Catalog fields the engine reads that Workers AI also shows, under its own name.
 _RENAMED = {"dimensions": "output_dimensions"}
@@ -42,8 +50,16 @@ def openai_model_list(catalog: Catalog) -> dict:
     return {"object": "list", "data": data}
 
 
-def model_object(spec: ModelSpec, compute: str | None) -> dict:
-    """compute: the node's compute precision (None at the gateway, which holds no models)."""
+def published_precision(spec: ModelSpec) -> str | None:
+    """A planning-only model's published weight dtype (catalog `config.weight_dtype`), named
+    as a loaded model would name it; None for runnable models and where none is published."""
+    if spec.runnable and spec.weights:
+        return None
+    published = spec.extra.get("config", {}).get("weight_dtype")
+    return _PUBLISHED.get(published, published)
+
+
+def model_object(spec: ModelSpec, precision_of: PrecisionOf) -> dict:
     task = task_of(spec.task)
     return {
         "id": str(uuid.uuid5(uuid.NAMESPACE_URL, spec.id)),
@@ -52,21 +68,21 @@ def model_object(spec: ModelSpec, compute: str | None) -> dict:
         "description": spec.description.strip(),
         "task": {"id": task.id, "name": task.name, "description": task.description},
         "tags": list(spec.extra.get("tags", ())),
-        "properties": _properties(spec, compute),
+        "properties": _properties(spec, precision_of(spec)),
     }
 
 
 class CatalogRoutes:
-    def __init__(self, catalog: Catalog, compute: str | None) -> None:
+    def __init__(self, catalog: Catalog, precision_of: PrecisionOf) -> None:
         self.catalog = catalog
-        self.compute = compute  # as model_object takes it
+        self.precision_of = precision_of
 
     async def search(self, request: Request) -> Response:
         query = request.query_params
         page, per_page = page_number(query, "page", 1), page_number(query, "per_page", 20)
         found = [spec for spec in self.catalog.specs if _matches(spec, query)]
         shown = found[(page - 1) * per_page:page * per_page]
-        return success([model_object(spec, self.compute) for spec in shown],
+        return success([model_object(spec, self.precision_of) for spec in shown],
                        {"page": page, "per_page": per_page, "count": len(shown),
                         "total_count": len(found)})
 
@@ -74,7 +90,7 @@ class CatalogRoutes:
         name = request.query_params.get("model")
         if not name:
             raise InvalidInputError("the model query parameter is required", field="model")
-        task = TASKS[find_model(self.catalog, name, TASKS, runnable=False).task]
+        task = TASKS[self.catalog.find(name, TASKS, runnable=False).task]
         return success({"input": task.input_schema, "output": task.output_schema})
 
 
@@ -87,7 +103,7 @@ def _matches(spec: ModelSpec, query: QueryParams) -> bool:
     return not who or who.lower() == author(spec.id).lower()
 
 
-def _properties(spec: ModelSpec, compute: str | None) -> list[dict]:
+def _properties(spec: ModelSpec, precision: str | None) -> list[dict]:
     found = {"context_window": str(spec.context_window)}
     for key, value in spec.extra.items():
         key = _RENAMED.get(key, key)
@@ -95,7 +111,6 @@ def _properties(spec: ModelSpec, compute: str | None) -> list[dict]:
             found[key] = value if key == "price" else _string(value)
     if not spec.runnable:
         found["planning_only"] = "true"
-    precision = stated_precision(spec, compute)
     if precision is not None:
         found["weight_precision"] = precision
     if spec.runnable:

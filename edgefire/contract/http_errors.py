@@ -1,9 +1,9 @@
 """The one place request errors become API bodies: a Cloudflare envelope or an OpenAI error.
 
-Typed errors (edgefire.runtime.errors.EdgefireError and the server's own below) carry their code and
-HTTP status; anything else is an internal error (3001, 500), logged with its traceback and
-never shown in detail. It is answered by InternalErrorMiddleware rather than by Starlette's
-server-error handler, which re-raises and makes the ASGI server drop the client's connection.
+Typed errors (edgefire.contract.errors) carry their code and HTTP status; anything else is an
+internal error (3001, 500), logged with its traceback and never shown in detail. It is answered
+by InternalErrorMiddleware rather than by Starlette's server-error handler, which re-raises and
+makes the ASGI server drop the client's connection.
 """
 
 from __future__ import annotations
@@ -13,15 +13,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from edgefire.runtime.errors import EdgefireError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-log = logging.getLogger(__name__)
+from edgefire.contract.errors import (
+    EdgefireError,
+    InternalError,
+    RequestTimeoutError,
+    RouteError,
+)
 
-BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."
+log = logging.getLogger(__name__)
 
 # Paths whose clients speak OpenAI: the node's /ai/v1/ routes and, at the gateway, the
 # Workers AI OpenAI routes behind a gateway and the unified compat endpoint.
@@ -31,47 +35,6 @@ OPENAI_PATH_MARKS = ("/ai/v1/", "/workers-ai/v1/", "/compat/chat/")
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  404: "invalid_request_error", 405: "invalid_request_error",
                  408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error"}
-
-
-class RequestTooLargeError(EdgefireError):
-    code = 3006
-    status = 413
-
-    def __init__(self) -> None:
-        super().__init__("Request is too large")
-
-
-class RequestTimeoutError(EdgefireError):
-    code = 3007
-    status = 408
-
-    def __init__(self) -> None:
-        super().__init__("Request timeout")
-
-
-class AuthenticationError(EdgefireError):
-    code = 10000
-    status = 401
-
-    def __init__(self) -> None:
-        super().__init__("Authentication error")
-
-
-class InternalError(EdgefireError):
-    code = 3001
-    status = 500
-
-    def __init__(self) -> None:
-        super().__init__("Internal server error")
-
-
-class RouteError(EdgefireError):
-    """No route for the URI (7000, 404) or not for this method (7001, 405), as Cloudflare says."""
-
-    def __init__(self, status: int) -> None:
-        self.status = status
-        self.code = 7001 if status == 405 else 7000
-        super().__init__("Method not allowed" if status == 405 else "No route for that URI")
 
 
 def as_api_error(exc: BaseException) -> EdgefireError:

@@ -1,5 +1,5 @@
 """OpenAPI 3.1 documents (`GET /openapi.json`) built from the schemas requests are checked
-against (edgefire.runtime.server.schemas), so the document cannot drift from what is enforced.
+against (edgefire.contract.schemas), so the document cannot drift from what is enforced.
 
 The node's document is here, with the pieces the gateway's (edgefire.gateway.openapi) shares: the
 error bodies, the Workers AI routes of one account, and the endpoint that serves a document.
@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from edgefire.runtime.catalog import Catalog
-from edgefire.runtime.server.schemas import (
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgefire.contract.catalog import Catalog
+from edgefire.contract.schemas import (
     CHAT_COMPLETIONS_REQUEST,
     EMBEDDINGS_REQUEST,
     TEXT_EMBEDDINGS,
@@ -20,9 +23,7 @@ from edgefire.runtime.server.schemas import (
     TEXT_GENERATION,
     TEXT_GENERATION_INPUT,
 )
-from edgefire.runtime.server.tasks import TASKS
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from edgefire.contract.tasks import TASKS
 
 OPENAPI_PATH = "/openapi.json"
 _ANY_OBJECT = {"type": "object"}

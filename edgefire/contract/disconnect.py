@@ -14,20 +14,11 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from edgefire.runtime.errors import EdgefireError
 from starlette.types import Receive
 
+from edgefire.contract.errors import ClientGoneError
+
 T = TypeVar("T")
-
-
-class ClientGoneError(EdgefireError):
-    """The client closed the connection first; nobody reads the answer (nginx's 499)."""
-
-    code = 3008
-    status = 499
-
-    def __init__(self) -> None:
-        super().__init__("Client closed the request")
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:

@@ -1,6 +1,6 @@
 """The tasks the catalog's models perform, as `/ai/models/*` shows them, with their JSON Schemas.
 
-The schemas (edgefire.runtime.server.schemas) are the ones requests are checked against: Workers
+The schemas (edgefire.contract.schemas) are the ones requests are checked against: Workers
 AI's with this engine's ranges.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from edgefire.runtime.server.schemas import TASK_SCHEMAS, TEXT_EMBEDDINGS, TEXT_GENERATION
+from edgefire.contract.schemas import TASK_SCHEMAS, TEXT_EMBEDDINGS, TEXT_GENERATION
 
 
 @dataclass(slots=True, frozen=True)

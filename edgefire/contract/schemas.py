@@ -1,7 +1,7 @@
 """The node's request and response schemas (JSON Schema 2020-12): the one statement of what it
 accepts.
 
-Bodies are checked against these (edgefire.runtime.server.validation) before any typed parsing,
+Bodies are checked against these (edgefire.contract.validation) before any typed parsing,
 and the OpenAPI documents and `/ai/models/schema` show these same dicts, so what is documented
 is what is enforced. Rules a schema cannot state stay with the code that knows them: prompt and
 messages both given, top_k against the model's vocabulary, a model's pooling, token counts. Null

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from edgefire.runtime.node.heartbeat import HEARTBEAT_PATH
+from edgefire.contract.node_report import HEARTBEAT_PATH
 
 
 class _DropHeartbeats(logging.Filter):

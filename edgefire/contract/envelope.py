@@ -1,4 +1,4 @@
-"""Cloudflare's v4 success envelope (errors are rendered by edgefire.runtime.server.errors)."""
+"""Cloudflare's v4 success envelope (errors are rendered by edgefire.contract.http_errors)."""
 
 from __future__ import annotations
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
 import yaml
-from edgefire.runtime.errors import ModelUnavailableError, UnknownModelError
+
+from edgefire.contract.errors import ModelUnavailableError, UnknownModelError
 
 # Package data, so an installed (non-editable) edgefire finds it too.
 DEFAULT_CATALOG = Path(str(files("edgefire") / "catalog.yaml"))
@@ -65,4 +67,15 @@ class Catalog:
             raise ModelUnavailableError(
                 f"{spec.id} is listed for planning only and cannot run on this machine",
                 field="model")
+        return spec
+
+    def find(self, name: str, tasks: Collection[str], *, runnable: bool = True) -> ModelSpec:
+        """The spec `name` refers to, or 5007 in Workers AI's words (also if its task is not
+        one of `tasks`); a model listed for planning only is 5018 when `runnable`."""
+        try:
+            spec = self.get_runnable(name) if runnable else self.get(name)
+        except UnknownModelError:
+            spec = None
+        if spec is None or spec.task not in tasks:
+            raise UnknownModelError(f"No such model {name} or task", field="model")
         return spec

@@ -1,23 +1,15 @@
-"""Reading request bodies: size limit, JSON, the schema check, and the fields it let through."""
+"""Reading request bodies, for both processes: size limit, strict JSON, query pages."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from edgefire.runtime.catalog import Catalog, ModelSpec
-from edgefire.runtime.engine.sampling_params import SamplingParams
-from edgefire.runtime.errors import InvalidInputError, UnknownModelError
-from edgefire.runtime.server.errors import RequestTooLargeError
 from starlette.requests import Request
 
-# Checked by the schema; SamplingParams.validate checks what depends on the model (top_k).
-_SAMPLING_FIELDS = ("temperature", "top_p", "repetition_penalty", "frequency_penalty",
-                    "presence_penalty")
-# JSON Schema counts 2.0 as an integer; the engine wants Python ints.
-_INTEGER_FIELDS = ("top_k", "seed")
+from edgefire.contract.errors import InvalidInputError, RequestTooLargeError
 
 # Past this a page holds nothing, and page * per_page must stay an SQLite (int64) offset.
 MAX_PAGE = 1_000_000
@@ -62,7 +54,7 @@ def parse_json(raw: bytes, kind: type = dict) -> Any:
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body as a JSON object; 3006 past max_bytes (declared or read), 5006 if not JSON.
-    Its fields are checked by a schema next (edgefire.runtime.server.validation.Checker)."""
+    Its fields are checked by a schema next (edgefire.contract.validation.Checker)."""
     return parse_json(await read_body(request, max_bytes))
 
 
@@ -70,25 +62,6 @@ def given(body: dict[str, Any], key: str, default: Any = None) -> Any:
     """body[key] from a body the schema passed; null counts as absent."""
     value = body.get(key)
     return default if value is None else value
-
-
-def sampling_params(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> SamplingParams:
-    """Sampling inputs, Workers AI defaults for the rest; the first max_tokens key given wins."""
-    fields = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
-    fields |= {name: int(body[name]) for name in _INTEGER_FIELDS if body.get(name) is not None}
-    for key in max_tokens_keys:
-        if body.get(key) is not None:
-            fields["max_tokens"] = int(body[key])
-            break
-    stop = body.get("stop")
-    if stop is not None:
-        fields["stop"] = [stop] if isinstance(stop, str) else stop
-    return SamplingParams(**fields)
-
-
-def reject_if_busy(body: dict[str, Any]) -> bool:
-    """`options.rejectIfBusy`: a sibling of the model inputs, never one of them."""
-    return given(given(body, "options", {}), "rejectIfBusy", False)
 
 
 def page_number(query: Mapping[str, str], key: str, default: int) -> int:
@@ -99,19 +72,6 @@ def page_number(query: Mapping[str, str], key: str, default: int) -> int:
     if not _PAGE.fullmatch(raw) or not 1 <= int(raw) <= MAX_PAGE:
         raise InvalidInputError(f"{key} must be an integer from 1 to {MAX_PAGE}", field=key)
     return int(raw)
-
-
-def find_model(catalog: Catalog, name: str, tasks: Collection[str], *,
-               runnable: bool = True) -> ModelSpec:
-    """The spec `name` refers to, or 5007 in Workers AI's words (also if its task is not one
-    of `tasks`); a model listed for planning only is a ModelUnavailableError when `runnable`."""
-    try:
-        spec = catalog.get_runnable(name) if runnable else catalog.get(name)
-    except UnknownModelError:
-        spec = None
-    if spec is None or spec.task not in tasks:
-        raise UnknownModelError(f"No such model {name} or task", field="model")
-    return spec
 
 
 def _no_constant(name: str) -> float:

@@ -1,0 +1,27 @@
+"""Header names both processes and the clients agree on (lower case, as ASGI gives them)."""
+
+from __future__ import annotations
+
+# Between gateway and nodes: the shared secret on every call, both ways (heartbeats too).
+NODE_SECRET = "x-edgefire-node-secret"
+# On every inference answer: the precision of the weights that made it
+# (edgefire.runtime.weight_precision names the values).
+WEIGHT_PRECISION = "x-edgefire-weight-precision"
+# Workers AI's request id on an answer; the gateway passes it through.
+REQUEST_ID = "cf-ai-req-id"
+# A conversation's key: the gateway keeps it on the node holding its prefix cache.
+SESSION_AFFINITY = "x-session-affinity"
+
+# AI Gateway's request headers (`cf-aig-*`) …
+AIG_AUTHORIZATION = "cf-aig-authorization"
+AIG_GATEWAY_ID = "cf-aig-gateway-id"
+AIG_CACHE_TTL = "cf-aig-cache-ttl"
+AIG_SKIP_CACHE = "cf-aig-skip-cache"
+AIG_CACHE_KEY = "cf-aig-cache-key"
+AIG_COLLECT_LOG = "cf-aig-collect-log"
+AIG_METADATA = "cf-aig-metadata"
+AIG_CUSTOM_COST = "cf-aig-custom-cost"
+# … and the ones it answers with.
+AIG_CACHE_STATUS = "cf-aig-cache-status"
+AIG_STEP = "cf-aig-step"
+AIG_LOG_ID = "cf-aig-log-id"

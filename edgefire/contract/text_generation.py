@@ -1,0 +1,106 @@
+"""A text-generation request, parsed once: Workers AI's run inputs or an OpenAI chat body.
+
+The body is checked against its schema (edgefire.contract.schemas), then read into one typed
+request that both API styles share; the node turns it into token ids and engine sampling
+parameters, the gateway needs no more than the schema check. Rules a schema cannot state
+live here: prompt and messages both given, the first max-tokens key that wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgefire.contract.bodies import given
+from edgefire.contract.errors import InvalidInputError
+from edgefire.contract.schemas import CHAT_COMPLETIONS_REQUEST, TASK_SCHEMAS, TEXT_GENERATION
+from edgefire.contract.validation import Checker
+
+_RUN = Checker(TASK_SCHEMAS[TEXT_GENERATION][0])
+_CHAT = Checker(CHAT_COMPLETIONS_REQUEST)
+
+# Checked by the schema; what depends on the model (top_k against its vocabulary) is checked
+# by the engine's SamplingParams.validate.
+_SAMPLING_FIELDS = ("temperature", "top_p", "repetition_penalty", "frequency_penalty",
+                    "presence_penalty")
+# JSON Schema counts 2.0 as an integer; the engine wants Python ints.
+_INTEGER_FIELDS = ("top_k", "seed")
+
+
+@dataclass(slots=True, frozen=True)
+class PromptInput:
+    prompt: str | None = None  # exactly one of prompt and messages is set
+    messages: list[dict[str, Any]] | None = None
+    raw: bool = False  # skip the chat template
+
+
+@dataclass(slots=True, frozen=True)
+class TextGenerationRequest:
+    prompt: PromptInput
+    # Keyword arguments of the engine's SamplingParams; absent ones take Workers AI defaults.
+    sampling: dict[str, Any] = field(default_factory=dict)
+    n: int = 1  # choices (OpenAI's `n`)
+    stream: bool = False
+    include_usage: bool = False  # OpenAI's stream_options.include_usage
+    reject_if_busy: bool = False  # Workers AI's options.rejectIfBusy
+
+
+def parse_run(body: dict[str, Any]) -> TextGenerationRequest:
+    """Workers AI's `POST …/ai/run/{model}` inputs (5006 naming the field if they do not fit)."""
+    body = _RUN.check(body)
+    return TextGenerationRequest(_prompt(body, allow_prompt=True),
+                                 _sampling(body, ("max_tokens",)),
+                                 stream=given(body, "stream", False),
+                                 reject_if_busy=_reject_if_busy(body))
+
+
+def parse_chat(body: dict[str, Any]) -> TextGenerationRequest:
+    """An OpenAI `POST …/v1/chat/completions` body (its `model` is read by the caller)."""
+    body = _CHAT.check(body)
+    return TextGenerationRequest(
+        _prompt(body, allow_prompt=False),
+        _sampling(body, ("max_completion_tokens", "max_tokens")),
+        n=int(given(body, "n", 1)), stream=given(body, "stream", False),
+        include_usage=given(given(body, "stream_options", {}), "include_usage", False),
+        reject_if_busy=_reject_if_busy(body))
+
+
+def _prompt(body: dict[str, Any], *, allow_prompt: bool) -> PromptInput:
+    raw = given(body, "raw", False)
+    prompt = given(body, "prompt") if allow_prompt else None
+    messages = given(body, "messages")
+    if prompt is not None:
+        # Cross-field: the Prompt variant lets other keys through, as Workers AI's schema does.
+        if messages is not None:
+            raise InvalidInputError("prompt cannot be given with messages", field="prompt")
+        return PromptInput(prompt=prompt, raw=raw)
+    return PromptInput(messages=[{**m, "content": _text(m.get("content"))} for m in messages],
+                       raw=raw)
+
+
+def _sampling(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
+    """Sampling inputs given; the first max_tokens key given wins."""
+    fields = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
+    fields |= {name: int(body[name]) for name in _INTEGER_FIELDS if body.get(name) is not None}
+    for key in max_tokens_keys:
+        if body.get(key) is not None:
+            fields["max_tokens"] = int(body[key])
+            break
+    stop = body.get("stop")
+    if stop is not None:
+        fields["stop"] = [stop] if isinstance(stop, str) else stop
+    return fields
+
+
+def _reject_if_busy(body: dict[str, Any]) -> bool:
+    """`options.rejectIfBusy`: a sibling of the model inputs, never one of them."""
+    return given(given(body, "options", {}), "rejectIfBusy", False)
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's content as text: its text parts joined; none for a tool-call turn."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content)
