@@ -87,10 +87,12 @@ class AI:
         self.lastRequestHttpStatusCode: int | None = None
 
     @classmethod
-    def from_dev_file(cls, path: str | Path = DEFAULT_DEV_FILE, base_url: str = DEFAULT_BASE_URL,
+    def from_dev_file(cls, path: str | Path = DEFAULT_DEV_FILE, base_url: str | None = None,
                       *, http: httpx.AsyncClient | None = None) -> AI:
-        """The development account that `make run` keeps in .edgefire/dev.json."""
+        """The development account that `make run` keeps in .edgefire/dev.json, at the
+        gateway that file names (else base_url, else http://127.0.0.1:8787)."""
         saved = json.loads(Path(path).read_text())
+        base_url = base_url or saved.get("gateway_url") or DEFAULT_BASE_URL
         return cls(base_url, saved["account_id"], saved["token"], http=http)
 
     async def __aenter__(self) -> AI:

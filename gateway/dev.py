@@ -36,23 +36,25 @@ class NodeExitedError(RuntimeError):
     """A dev node process ended before it became ready."""
 
 
-def ensure_dev_account(db: Database, dev_file: Path) -> dict:
+def ensure_dev_account(db: Database, dev_file: Path, gateway_url: str | None = None) -> dict:
     """The {account_id, token, admin_token} in dev_file if the token still works, else new
-    ones; an admin token is added to a file from before there was one."""
+    ones; an admin token is added to a file from before there was one. With gateway_url the
+    file also says where the gateway listens (the env.AI binding's from_dev_file reads it)."""
     store = AccountStore(db)
     saved = json.loads(dev_file.read_text()) if dev_file.is_file() else {}
-    if saved and store.authenticate(saved.get("token", "")) == saved.get("account_id"):
-        if saved.get("admin_token"):
-            return saved
-    else:
+    fresh = dict(saved)
+    if not (saved and store.authenticate(saved.get("token", "")) == saved.get("account_id")):
         account = store.create_account("development")
         _, token = store.create_token(account.id, "make run")
-        saved = {"account_id": account.id, "token": token}
-    saved["admin_token"] = saved.get("admin_token") or secrets.token_urlsafe(24)
-    dev_file.parent.mkdir(parents=True, exist_ok=True)
-    dev_file.write_text(json.dumps(saved, indent=2) + "\n")
-    dev_file.chmod(0o600)
-    return saved
+        fresh = {"account_id": account.id, "token": token}
+    fresh["admin_token"] = fresh.get("admin_token") or secrets.token_urlsafe(24)
+    if gateway_url is not None:
+        fresh["gateway_url"] = gateway_url
+    if fresh != saved:
+        dev_file.parent.mkdir(parents=True, exist_ok=True)
+        dev_file.write_text(json.dumps(fresh, indent=2) + "\n")
+        dev_file.chmod(0o600)
+    return fresh
 
 
 async def wait_for_fleet(directory: NodeDirectory, processes: dict[str, subprocess.Popen],
@@ -75,14 +77,14 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
     from edgefire.gateway.state import GatewayState
 
     settings.gateway_db.parent.mkdir(parents=True, exist_ok=True)
+    base = f"http://{settings.gateway_host}:{settings.gateway_port}"
     with closing(Database(settings.gateway_db)) as db:
-        dev = ensure_dev_account(db, dev_file)
+        dev = ensure_dev_account(db, dev_file, base)
     if not settings.node_secret:
         settings.node_secret = secrets.token_urlsafe(24)  # gateway and its nodes share it
     settings.admin_token = settings.admin_token or dev["admin_token"]
     if "startup_hold_s" not in settings.model_fields_set:
         settings.startup_hold_s = DEV_STARTUP_HOLD_S
-    base = f"http://{settings.gateway_host}:{settings.gateway_port}"
     env = {**os.environ, "EDGEFIRE_GATEWAY_URL": base, "EDGEFIRE_NODE_SECRET": settings.node_secret}
     state = GatewayState.build(settings)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,

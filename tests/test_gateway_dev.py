@@ -53,6 +53,18 @@ def test_the_dev_file_keeps_an_admin_token(tmp_path):
     assert json.loads(dev_file.read_text()) == upgraded
 
 
+def test_the_dev_file_names_the_gateway_the_binding_calls(tmp_path):
+    from edgefire import AI
+
+    dev_file = tmp_path / "dev.json"
+    with closing(Database(":memory:")) as db:
+        first = ensure_dev_account(db, dev_file, "http://127.0.0.1:9999")
+        moved = ensure_dev_account(db, dev_file, "http://127.0.0.1:9000")
+    assert moved["token"] == first["token"] and moved["gateway_url"] == "http://127.0.0.1:9000"
+    assert AI.from_dev_file(dev_file).base_url == "http://127.0.0.1:9000"
+    assert AI.from_dev_file(dev_file, "http://other:1").base_url == "http://other:1"
+
+
 def test_the_banner_waits_for_ready_nodes(capsys):
     directory = NodeDirectory()
     server = FakeServer()

@@ -1,0 +1,64 @@
+"""The README's examples, run as written against a private `make run` fleet (`edge-gateway dev`
+in a temporary directory, its dev file where the README reads it). Only the gateway's port is
+swapped for the fleet's. "Writing a plugin" has its own test (tests/test_readme_plugin.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.soak_fleet import Fleet, private_fleet
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+README_GATEWAY = "127.0.0.1:8787"
+
+pytestmark = pytest.mark.slow
+
+
+def _block(lang: str, marker: str) -> str:
+    """The README's one `lang` code block that contains `marker`."""
+    blocks = [b for b in re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+              if marker in b]
+    assert len(blocks) == 1, f"README: expected one {lang} block with {marker!r}"
+    return blocks[0]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with private_fleet("fra") as running:
+        yield running
+
+
+def _run(fleet: Fleet, argv: list[str], source: str) -> str:
+    source = source.replace(README_GATEWAY, fleet.gateway_url.removeprefix("http://"))
+    done = subprocess.run([*argv, source], cwd=fleet.log_path.parent, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_the_curl_examples(fleet):
+    # curl exits 0 on an HTTP error; --fail-with-body makes an error answer fail the block.
+    script = ('set -euo pipefail\ncurl() { command curl -sS --fail-with-body "$@"; echo; }\n'
+              + _block("bash", "curl $AI/run"))
+    out = _run(fleet, ["bash", "-c"], script)
+    assert '"success":true' in out and "data: [DONE]" in out and '"shape":[2,384]' in out
+
+
+def test_the_openai_client_example(fleet):
+    out = _run(fleet, [sys.executable, "-c"], _block("python", "from openai import OpenAI"))
+    assert out.strip()
+
+
+def test_the_env_ai_binding_example(fleet):
+    out = _run(fleet, [sys.executable, "-c"], _block("python", "from edgefire import AI"))
+    assert "5007: No such model @cf/no/such-model or task" in out
+
+
+def test_the_offline_llm_example(fleet):
+    out = _run(fleet, [sys.executable, "-c"], _block("python", "llm.chat("))
+    assert out.count("Usage(") == 2
