@@ -1,8 +1,8 @@
 """Benchmark the offline engine on SmolLM2-135M against HF transformers and llama.cpp.
 
 Run from the repository root: .venv/bin/python -m bench.engine [--quick]
-Progress goes to stderr; the last stdout line is one JSON object, also written, with a
-markdown table, to bench/results/engine.{json,md}.
+Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
+on stdout, the same and a table in bench/results/engine.{json,md}.
 """
 
 from __future__ import annotations

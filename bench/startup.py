@@ -7,8 +7,8 @@ are done and plugins are loaded, as they are in a running node when the request 
 goes through the node's own load path (`build_served_model`). Medians over --repeats.
 
 Run from the repository root: .venv/bin/python -m bench.startup [--repeats 3] [--dtype auto]
-Progress goes to stderr; the last stdout line is one JSON object, also written, with a
-markdown table, to bench/results/startup.{json,md}.
+Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
+on stdout, the same and a table in bench/results/startup.{json,md}.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from edgefire.contract.cities import all_cities, load_city
+from edgefire.contract.commands import run_command
 from edgefire.contract.log_setup import configure_logging
 
 
@@ -47,12 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--host", default="127.0.0.1")
     start.set_defaults(func=_start)
     sub.add_parser("cities", help="list the shipped cities").set_defaults(func=_cities)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as exc:
-        print(f"edge-node: {exc}", file=sys.stderr)
-        return 2
+    return run_command(parser, argv)
 
 
 if __name__ == "__main__":

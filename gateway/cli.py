@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from edgefire.contract.errors import EdgefireError
+from edgefire.contract.commands import run_command
 from edgefire.contract.log_setup import configure_logging
 from edgefire.gateway.cli_accounts import add_account_commands
 from edgefire.gateway.db import Database
@@ -66,12 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return Database(path)
 
     add_account_commands(sub, open_db)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except EdgefireError as exc:
-        print(f"edge-gateway: {exc.message}", file=sys.stderr)
-        return 2
+    return run_command(parser, argv)
 
 
 if __name__ == "__main__":

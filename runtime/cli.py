@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from edgefire.contract.catalog import Catalog
-from edgefire.contract.errors import EdgefireError, InvalidInputError
+from edgefire.contract.commands import run_command
+from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.sampling_params import SamplingParams
 
 DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -113,12 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         func=_plugins)
     sub.add_parser("build-kernels", help="compile the native CPU kernels now (setup does)"
                    ).set_defaults(func=_build_kernels)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except EdgefireError as exc:
-        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
+    return run_command(parser, argv)
 
 
 if __name__ == "__main__":
