@@ -34,6 +34,14 @@ def _dev(args: argparse.Namespace) -> int:
     return run_dev_fleet(_settings(args), args.city, Path(args.dev_file), args.node_port)
 
 
+def _plugins(args: argparse.Namespace) -> int:
+    from edgefire.gateway.plugins import load_gateway_plugins
+
+    for line in load_gateway_plugins().listing():
+        print(line)
+    return 0
+
+
 def _settings(args: argparse.Namespace) -> GatewaySettings:
     overrides = {}
     if getattr(args, "config", None):
@@ -59,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--node-port", type=int, help="first node's port (the next city takes the "
                      "next one); default: each city's own")
     dev.set_defaults(func=_dev)
+    sub.add_parser("plugins", help="list the gateway's plugins and what each registers"
+                   ).set_defaults(func=_plugins)
 
     def open_db() -> Database:
         path = GatewaySettings().gateway_db

@@ -16,13 +16,13 @@ from edgefire.gateway.gateways import GatewayStore
 from edgefire.gateway.logs import LogRetention, LogStore
 from edgefire.gateway.node_auth import NodeCredentials
 from edgefire.gateway.pipeline import Pipeline
+from edgefire.gateway.plugins import load_gateway_plugins
 from edgefire.gateway.providers.base import Provider, ProviderContext
 from edgefire.gateway.ratelimit import make_rate_limiter
 from edgefire.gateway.redis_link import RedisHealth
 from edgefire.gateway.routing.directory import NodeDirectory
 from edgefire.gateway.routing.geo import ClientLocator
 from edgefire.gateway.settings import GatewaySettings, load_gateway_yaml
-from edgefire.runtime.plugins import load_plugins
 
 
 @dataclass(slots=True)
@@ -82,7 +82,7 @@ def _retention(settings: GatewaySettings) -> LogRetention:
 def _providers(catalog: Catalog, http: httpx.AsyncClient, directory: NodeDirectory,
                credentials: NodeCredentials, configured: dict) -> dict[str, Provider]:
     """`workers-ai` always; each gateway.yaml provider by its `type` (a provider plugin)."""
-    factories = load_plugins().providers
+    factories = load_gateway_plugins().providers
 
     def context(section: dict) -> ProviderContext:
         return ProviderContext(catalog, http, directory, credentials, section)

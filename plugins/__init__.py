@@ -1,1 +1,1 @@
-"""Built-in plugins: KV backends, parallel strategies, weight codecs, providers."""
+"""Built-in node plugins: model architectures, KV backends, weight codecs, exporters."""

@@ -67,11 +67,8 @@ def _compress(args: argparse.Namespace) -> int:
 def _plugins(args: argparse.Namespace) -> int:
     from edgefire.runtime.plugins import load_plugins
 
-    host = load_plugins()
-    for info in host.plugins.values():
-        print(f"{info.name}  ({info.source})")
-        for registration in info.registrations:
-            print(f"    {registration.kind}: {registration.name}")
+    for line in load_plugins().listing():
+        print(line)
     return 0
 
 

@@ -85,3 +85,13 @@ def test_allowed_paths_must_be_a_list():
                               {"base_url": "http://x", "allowed_paths": "chat/completions"})
     with pytest.raises(ConfigError, match="allowed_paths"):
         OpenAICompatibleProvider("up", context)
+
+
+def test_a_provider_from_a_gateway_plugin_is_chosen_by_its_type(serve, tmp_path):
+    # `dummy-echo` comes from the edgefire-dummy-plugin distribution's `edgefire.gateway`
+    # entry point; it answers by itself, naming the provider and the path it was given.
+    config = {"providers": {"echo": {"type": "dummy-echo"}}}
+    with gateway(serve, tmp_path, config) as gw, gw.client() as client:
+        answer = client.post(f"/v1/{gw.account_id}/default/echo/chat/completions", json=CHAT)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"provider": "echo", "path": "chat/completions"}

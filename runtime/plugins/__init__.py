@@ -1,17 +1,19 @@
-"""The plugin system: pluggy hooks, entry-point discovery, registries of factories."""
+"""The node's plugin system: pluggy hooks, entry-point discovery (`edgefire.node`), registries.
+
+Node plugins import `hookimpl` from here. The machinery itself is shared with the gateway's
+plugin world and lives in edgefire.plugin_host.
+"""
 
 from edgefire.contract.errors import UnknownComponentError
+from edgefire.plugin_host import DuplicatePluginError, PluginInfo, Registry, hookimpl
 from edgefire.runtime.plugins.manager import (
     DEFAULT_PLUGINS,
     ENTRY_POINT_GROUP,
-    PluginHost,
-    PluginInfo,
+    NodePluginHost,
     load_plugins,
 )
-from edgefire.runtime.plugins.markers import hookimpl
-from edgefire.runtime.plugins.registry import DuplicatePluginError, Registry
 
 __all__ = [
-    "DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "DuplicatePluginError", "PluginHost", "PluginInfo",
+    "DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "DuplicatePluginError", "NodePluginHost", "PluginInfo",
     "Registry", "UnknownComponentError", "hookimpl", "load_plugins",
 ]

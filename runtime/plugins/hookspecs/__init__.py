@@ -1,5 +1,5 @@
-"""Hook specifications, one module per extension domain."""
+"""The node's hook specifications, one module per extension domain."""
 
-from edgefire.runtime.plugins.hookspecs import codecs, exporters, kv, models, parallel, providers
+from edgefire.runtime.plugins.hookspecs import codecs, exporters, kv, models, parallel
 
-ALL = (models, kv, parallel, codecs, providers, exporters)
+ALL = (models, kv, parallel, codecs, exporters)

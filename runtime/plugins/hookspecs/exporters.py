@@ -1,4 +1,4 @@
-from edgefire.runtime.plugins.markers import hookspec
+from edgefire.plugin_host.markers import hookspec
 
 
 @hookspec

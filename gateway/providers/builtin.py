@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from edgefire.gateway.plugins import hookimpl
 from edgefire.gateway.providers.openai_compatible import OpenAICompatibleProvider
 from edgefire.gateway.providers.workers_ai import WorkersAIProvider
-from edgefire.runtime.plugins import hookimpl
 
 
 @hookimpl

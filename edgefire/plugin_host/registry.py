@@ -1,4 +1,4 @@
-"""Typed name → factory registries that plugins fill at start-up and the engine reads once."""
+"""Typed name → factory registries that plugins fill at start-up and their world reads once."""
 
 from __future__ import annotations
 
