@@ -84,6 +84,8 @@ def test_the_import_rules_hold(installed_layout):
 @pytest.mark.parametrize(("planted", "contract"), [
     ("edgefire/gateway/planted.py", "The gateway reaches no node code and no torch"),
     ("edgefire/contract/planted.py", "The wire contract imports neither side, nor torch"),
+    ("edgefire/plugin_host/planted.py",
+     "The plugin machinery both worlds share imports neither world, nor torch"),
 ])
 def test_a_violation_breaks_the_import_rules(installed_layout, tmp_path, planted, contract):
     layout = tmp_path / "layout"
