@@ -150,6 +150,15 @@ def test_a_plugin_in_the_other_worlds_group_is_skipped_there(monkeypatch, caplog
             "'edgefire.gateway' does not know") in caplog.text
 
 
+def test_plugins_left_in_the_old_group_are_named_in_a_warning(monkeypatch, caplog):
+    _entry_points_by_group(monkeypatch, {
+        "edgefire": [_FakeEntryPoint("old_codec", _codec_plugin("old"))]})
+    with caplog.at_level(logging.WARNING, logger="edgefire.plugin_host.host"):
+        node = NodePluginHost(defaults=()).load()
+    assert node.plugins == {}
+    assert "plugins old_codec are declared in the entry-point group 'edgefire'" in caplog.text
+
+
 def test_allow_list_limits_entry_points_not_builtins():
     only_builtins = NodePluginHost().load(allow=set())
     assert "dummy" not in only_builtins.plugins

@@ -26,6 +26,9 @@ from edgefire.plugin_host.registry import Registration, Registry
 
 log = logging.getLogger(__name__)
 
+# Before the two worlds, every plugin declared this one group; nothing loads from it any more.
+LEGACY_GROUP = "edgefire"
+
 
 @dataclass(slots=True)
 class PluginInfo:
@@ -80,6 +83,11 @@ class PluginHost:
                     continue
                 source = f"{ep.dist.name}=={ep.dist.version}" if ep.dist else ep.value
                 self.register(plugin, ep.name, source)
+            legacy = sorted(ep.name for ep in entry_points(group=LEGACY_GROUP))
+            if legacy:
+                log.warning("plugins %s are declared in the entry-point group %r, which is no "
+                            "longer read: declare node plugins in 'edgefire.node' and gateway "
+                            "providers in 'edgefire.gateway'", ", ".join(legacy), LEGACY_GROUP)
             self._loaded = True
             return self
 
