@@ -26,9 +26,10 @@ from bench._common import (
 from edgefire.contract.catalog import Catalog
 from edgefire.models.llama import PROJECTIONS, _linear
 from edgefire.plugins.quant.evaluate import load_with_codec, perplexity
-from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.engine.llm_engine import EngineConfig
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.loading import create_engine
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity.txt"
@@ -47,7 +48,7 @@ def projection_bytes(model) -> int:
 
 def decode_rate(lm, batch: int) -> float:
     """Generated tokens per second over the steps after the one that prefills every prompt."""
-    engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(dtype="bfloat16"), lm.vocab_size)
+    engine = create_engine(lm, EngineConfig(dtype="bfloat16"))
     prompts = make_prompts(lm.tokenizer.encode, [PROMPT_TOKENS] * batch, seed=batch, tag="q")
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts):

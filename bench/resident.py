@@ -49,7 +49,7 @@ def measure() -> dict:
     spec = Catalog.load().get(MODEL)
     llms = {codec: LLM(MODEL, catalog=Catalog([dataclasses.replace(spec, codec=codec)]))
             for codec in ("identity", "unweight")}
-    models = {codec: llm.engine.runner.model for codec, llm in llms.items()}
+    models = {codec: llm.model for codec, llm in llms.items()}
     rates: dict[str, dict[int, list[float]]] = {c: {n: [] for n in CONCURRENCY} for c in llms}
     for n in CONCURRENCY:
         for round_ in range(ROUNDS):

@@ -11,9 +11,9 @@ from tokenizers import Tokenizer
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.errors import WeightsNotFoundError
 from edgefire.models.bert import BertConfig, BertEncoder, weights_from_checkpoint
-from edgefire.runtime.embeddings import EmbeddingModel
+from edgefire.runtime.engine.encoder import TextEncoder
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.model_loader import LoadedModel
+from edgefire.runtime.loading import LoadedEncoder
 from edgefire.runtime.plugins import hookimpl
 from edgefire.runtime.weight_precision import EMBEDDING_DTYPE
 from edgefire.runtime.weights import resolve_source
@@ -23,7 +23,7 @@ from edgefire.runtime.weights.codec import WeightCodec, through_codec
 _DEFAULT_MAX_SEQ_LENGTH = 512
 
 
-def load_bert(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedModel:
+def load_bert(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedEncoder:
     folder = resolve_source(spec.weights)
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (folder / name).is_file():
@@ -42,11 +42,8 @@ def load_bert(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> Load
     max_seq = (json.loads(st_config.read_text()).get("max_seq_length")
                if st_config.is_file() else None) or _DEFAULT_MAX_SEQ_LENGTH
     max_seq = min(max_seq, spec.context_window)
-    model = EmbeddingModel(encoder, Tokenizer.from_file(str(folder / "tokenizer.json")),
-                           max_seq)
-    # The tokenizer lives inside EmbeddingModel (configured for truncation there); LoadedModel's
-    # tokenizer slot is for the text-generation Tokenizer, which an encoder does not have.
-    return LoadedModel(spec, model, None, config.vocab_size, model.max_seq_length)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return LoadedEncoder(spec, TextEncoder(encoder, tokenizer, max_seq))
 
 
 def _check_pooling(spec: ModelSpec, folder: Path, config: BertConfig) -> None:

@@ -11,7 +11,7 @@ from edgefire.contract.catalog import ModelSpec
 from edgefire.models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
 from edgefire.plugins.identity_codec import IdentityCodec
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.model_loader import LoadedModel
+from edgefire.runtime.loading import LoadedLM
 from edgefire.runtime.plugins import hookimpl
 from edgefire.runtime.tokenizer import load_gguf_tokenizer
 from edgefire.runtime.weights import read_gguf, resolve_source
@@ -20,7 +20,7 @@ from edgefire.runtime.weights.codec import WeightCodec, through_codec
 from edgefire.runtime.weights.warm_cache import WarmCache, WarmEntry, cache_key
 
 
-def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedModel:
+def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -> LoadedLM:
     """Load from a compressed bundle (its own codec decodes it), else from the warm cache when
     it holds this model, else convert the GGUF and cache it."""
     path = resolve_source(spec.weights)
@@ -35,7 +35,7 @@ def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -
         model.make_resident(to_resident, codec.precision,
                             embeddings=getattr(codec, "resident_embeddings", False))
     max_len = min(config.max_position, spec.context_window)
-    return LoadedModel(spec, model, entry.tokenizer, config.vocab_size, max_len)
+    return LoadedLM(spec, model, entry.tokenizer, config.vocab_size, max_len)
 
 
 def export_llama(spec: ModelSpec) -> WarmEntry:

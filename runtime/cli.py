@@ -9,7 +9,6 @@ from pathlib import Path
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.commands import run_command
-from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.sampling_params import SamplingParams
 
 DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -43,21 +42,11 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _compress(args: argparse.Namespace) -> int:
-    from edgefire.runtime.plugins import load_plugins
-    from edgefire.runtime.weights import resolve_source
-    from edgefire.runtime.weights.bundle import DEFAULT_CODEC, default_path, is_bundle, write_bundle
+    from edgefire.runtime.loading.bundles import compress
 
     spec = Catalog.load().get_runnable(args.model)
-    source = resolve_source(spec.weights)
-    if is_bundle(source):
-        raise InvalidInputError(f"{spec.id} is already a bundle ({source})", field="model")
-    host = load_plugins()
-    export = host.exporters.get(spec.architecture)
-    codec = host.codecs.get(DEFAULT_CODEC)()
-    out = Path(args.out) if args.out else default_path(spec.id, codec.name)
     started = time.perf_counter()
-    stats = write_bundle(out, export(spec), codec, architecture=spec.architecture,
-                         source=source, progress=True)
+    out, stats = compress(spec, Path(args.out) if args.out else None, progress=True)
     print(f"wrote {out}: {stats.tensors} tensors, {stats.raw_bytes} BF16 bytes -> "
           f"{stats.bundle_bytes} bundle bytes ({stats.reduction:.1%} smaller) in "
           f"{time.perf_counter() - started:.1f}s")

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.errors import InvalidInputError
-from edgefire.runtime.engine.builder import build_engine
 from edgefire.runtime.engine.llm_engine import EngineConfig
 from edgefire.runtime.engine.outputs import Usage
 from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.loading import build_engine
 
 
 @dataclass(slots=True)
@@ -31,6 +31,7 @@ class LLM:
         if dtype is not None:
             config = replace(config, dtype=dtype)
         self.engine, loaded = build_engine(spec, config)
+        self.model = loaded.model  # the CausalLM the engine runs (weight size and precision)
         self.tokenizer = loaded.tokenizer
         self._ids = itertools.count()
 

@@ -23,7 +23,7 @@ from edgefire.plugins.unweight import UnweightCodec
 from edgefire.runtime import LLM, SamplingParams
 from edgefire.runtime.cli import main
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.model_loader import load_model
+from edgefire.runtime.loading import load_lm
 from edgefire.runtime.tokenizer import Tokenizer
 from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
 from edgefire.runtime.weights.bundle import default_path, read_bundle, write_bundle
@@ -99,7 +99,7 @@ def test_bundle_of_another_architecture_or_damaged_is_refused_by_the_loader(toy_
         read_bundle(toy_bundle, "bert", (torch.float32,))
     _truncate(toy_bundle)
     with pytest.raises(CorruptWeightsError, match=re.escape(str(toy_bundle))):
-        load_model(_spec(str(toy_bundle)), Precision.parse("bfloat16"))  # the llama loader
+        load_lm(_spec(str(toy_bundle)), Precision.parse("bfloat16"))  # the llama loader
 
 
 @pytest.mark.parametrize("model, message", [
@@ -171,8 +171,8 @@ def test_bundle_loads_the_same_model_as_the_gguf(compressed: tuple[Path, str], f
 def test_bundle_loads_into_the_resident_form(compressed: tuple[Path, str], from_gguf: LLM,
                                              tmp_path: Path, monkeypatch):
     """Distribution form on disk -> inference form in memory, bit for bit the same weights."""
-    resident = _load_bundle(compressed[0], "unweight", tmp_path, monkeypatch).engine.runner.model
-    dense = from_gguf.engine.runner.model.params[torch.bfloat16]
+    resident = _load_bundle(compressed[0], "unweight", tmp_path, monkeypatch).model
+    dense = from_gguf.model.params[torch.bfloat16]
     packed = resident.params[torch.bfloat16]
     assert resident.weight_precision == "bfloat16-unweight"
     pairs = [(packed.embed, dense.embed)] + [

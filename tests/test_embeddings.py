@@ -10,9 +10,9 @@ import torch
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.errors import InvalidInputError
-from edgefire.runtime.embeddings import MAX_TEXT_CHARS, AsyncEmbedder, EmbeddingModel
+from edgefire.runtime.engine.encoder import MAX_TEXT_CHARS, AsyncEncoder, TextEncoder
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.model_loader import load_model
+from edgefire.runtime.loading import load_encoder, load_lm
 from edgefire.runtime.weights import resolve_source
 
 MODEL = "@cf/sentence-transformers/all-minilm-l6-v2"
@@ -45,21 +45,27 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def loaded():
     spec = Catalog.load().get(MODEL)
-    return load_model(spec, Precision.parse("auto"))
+    return load_encoder(spec, Precision.parse("auto"))
 
 
 @pytest.fixture(scope="module")
-def model(loaded) -> EmbeddingModel:
-    return loaded.model
+def encoder(loaded) -> TextEncoder:
+    return loaded.encoder
 
 
 def test_loads_through_the_plugin_path(loaded):
-    assert isinstance(loaded.model, EmbeddingModel)
+    encoder = loaded.encoder
+    assert isinstance(encoder, TextEncoder)
     assert loaded.spec.task == "text-embeddings"
-    assert loaded.max_model_len == 256 and loaded.vocab_size == 30522
-    assert loaded.model.dim == loaded.spec.extra["dimensions"] == 384
+    assert encoder.max_seq_length == 256 and encoder.tokenizer.get_vocab_size() == 30522
+    assert encoder.dim == loaded.spec.extra["dimensions"] == 384
     # float32 weights, whatever precision was asked for ("auto" may be bfloat16).
-    assert 80 << 20 < loaded.model.memory_bytes < loaded.spec.extra["memory_mib"] << 20
+    assert 80 << 20 < encoder.memory_bytes < loaded.spec.extra["memory_mib"] << 20
+
+
+def test_an_encoder_is_not_loaded_as_a_language_model(loaded):
+    with pytest.raises(TypeError, match="loads a LoadedEncoder, not the LoadedLM"):
+        load_lm(loaded.spec, Precision.parse("auto"))
 
 
 def _reference(texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,65 +85,65 @@ def _reference(texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_matches_transformers_reference(model):
+def test_matches_transformers_reference(encoder):
     expected, expected_tokens = _reference(SENTENCES)
-    vectors, tokens = model.embed(SENTENCES)
+    vectors, tokens = encoder.embed(SENTENCES)
     distance = 1 - (vectors * expected).sum(dim=1)
     assert distance.abs().max().item() < 1e-4, distance
     assert tokens == expected_tokens.item()
 
 
-def test_batch_equals_one_at_a_time(model):
-    batched, batched_tokens = model.embed(SENTENCES)
-    singles = [model.embed([text]) for text in SENTENCES]
+def test_batch_equals_one_at_a_time(encoder):
+    batched, batched_tokens = encoder.embed(SENTENCES)
+    singles = [encoder.embed([text]) for text in SENTENCES]
     torch.testing.assert_close(batched, torch.cat([v for v, _ in singles]), atol=1e-5, rtol=0)
     assert batched_tokens == sum(n for _, n in singles)
 
 
-def test_chunking_keeps_input_order(model):
-    small = EmbeddingModel(model.encoder, model.tokenizer, model.max_seq_length, batch_size=3)
-    torch.testing.assert_close(small.embed(SENTENCES)[0], model.embed(SENTENCES)[0],
+def test_chunking_keeps_input_order(encoder):
+    small = TextEncoder(encoder.encoder, encoder.tokenizer, encoder.max_seq_length, batch_size=3)
+    torch.testing.assert_close(small.embed(SENTENCES)[0], encoder.embed(SENTENCES)[0],
                                atol=1e-5, rtol=0)
 
 
-def test_vectors_are_unit_norm_with_expected_shape(model):
-    vectors, tokens = model.embed(SENTENCES[:5])
+def test_vectors_are_unit_norm_with_expected_shape(encoder):
+    vectors, tokens = encoder.embed(SENTENCES[:5])
     assert vectors.shape == (5, 384) and vectors.dtype == torch.float32
     torch.testing.assert_close(vectors.norm(dim=1), torch.ones(5), atol=1e-5, rtol=0)
     assert tokens > 5 * 2  # every text has [CLS] and [SEP] at least
 
 
-def test_related_sentences_are_closer(model):
-    vectors, _ = model.embed(SENTENCES[1:4])
+def test_related_sentences_are_closer(encoder):
+    vectors, _ = encoder.embed(SENTENCES[1:4])
     eating, bread, baby = vectors
     assert eating @ bread > eating @ baby + 0.3
 
 
-def test_long_text_is_truncated_to_max_seq_length(model):
-    _, tokens = model.embed([SENTENCES[18]])
+def test_long_text_is_truncated_to_max_seq_length(encoder):
+    _, tokens = encoder.embed([SENTENCES[18]])
     assert tokens == 256
 
 
 @pytest.mark.parametrize("bad", [
     [], "a string, not a list", None, ["ok", 3], [b"bytes"], ["x" * (MAX_TEXT_CHARS + 1)],
 ])
-def test_bad_input_is_rejected_naming_text(model, bad):
+def test_bad_input_is_rejected_naming_text(encoder, bad):
     with pytest.raises(InvalidInputError) as info:
-        model.embed(bad)
+        encoder.embed(bad)
     assert info.value.field == "text"
 
 
-def test_async_embedder_batches_concurrent_callers(model):
-    direct = [model.embed([text, text.upper()]) for text in SENTENCES[:8]]
+def test_async_encoder_batches_concurrent_callers(encoder):
+    direct = [encoder.embed([text, text.upper()]) for text in SENTENCES[:8]]
 
     async def main() -> tuple[list, int]:
-        embedder = AsyncEmbedder(model)
+        async_encoder = AsyncEncoder(encoder)
         try:
             results = await asyncio.gather(
-                *(embedder.embed([text, text.upper()]) for text in SENTENCES[:8]))
-            return results, embedder.num_batches
+                *(async_encoder.embed([text, text.upper()]) for text in SENTENCES[:8]))
+            return results, async_encoder.num_batches
         finally:
-            embedder.close()
+            async_encoder.close()
 
     results, batches = asyncio.run(main())
     assert batches < 8
@@ -147,11 +153,11 @@ def test_async_embedder_batches_concurrent_callers(model):
         assert tokens == expected_tokens
 
 
-def test_async_embedder_does_not_block_the_event_loop(model):
+def test_async_encoder_does_not_block_the_event_loop(encoder):
     texts = [SENTENCES[18]] * 64  # a few hundred milliseconds of encoding
 
     async def main() -> tuple[int, float]:
-        embedder = AsyncEmbedder(model)
+        async_encoder = AsyncEncoder(encoder)
         ticks = 0
 
         async def ticker() -> None:
@@ -163,28 +169,28 @@ def test_async_embedder_does_not_block_the_event_loop(model):
         task = asyncio.create_task(ticker())
         start = time.perf_counter()
         try:
-            await embedder.embed(texts)
+            await async_encoder.embed(texts)
         finally:
             task.cancel()
-            embedder.close()
+            async_encoder.close()
         return ticks, time.perf_counter() - start
 
     ticks, elapsed = asyncio.run(main())
     assert elapsed > 0.05 and ticks >= 3
 
 
-def test_async_embedder_rejects_bad_input_alone(model):
+def test_async_encoder_rejects_bad_input_alone(encoder):
     async def main() -> None:
-        embedder = AsyncEmbedder(model)
+        async_encoder = AsyncEncoder(encoder)
         try:
-            good = asyncio.ensure_future(embedder.embed(["fine"]))
+            good = asyncio.ensure_future(async_encoder.embed(["fine"]))
             with pytest.raises(InvalidInputError):
-                await embedder.embed([1])
+                await async_encoder.embed([1])
             vectors, _ = await good
             assert vectors.shape == (1, 384)
         finally:
-            embedder.close()
+            async_encoder.close()
         with pytest.raises(RuntimeError, match="closed"):
-            await embedder.embed(["late"])
+            await async_encoder.embed(["late"])
 
     asyncio.run(main())

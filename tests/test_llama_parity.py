@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from edgefire.contract.errors import ContextLengthError, InvalidInputError, WeightsNotFoundError
+from edgefire.plugins.local_paged import create_local_paged_pool
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
 from edgefire.runtime.engine.model_runner import kv_bytes_per_block
@@ -159,8 +160,8 @@ def with_engine(base: LLM, **config) -> LLM:
     """An LLM sharing base's model weights and tokenizer but with its own engine (and KV pool)."""
     clone = copy.copy(base)
     engine_config = EngineConfig(block_size=BLOCK, **FP32, **config)
-    clone.engine = LLMEngine(base.engine.runner.model, base.tokenizer, engine_config,
-                             base.engine.vocab_size)
+    clone.engine = LLMEngine(base.model, base.tokenizer, engine_config, base.engine.vocab_size,
+                             create_local_paged_pool)
     return clone
 
 
@@ -280,31 +281,52 @@ def test_prefix_cache_shared_system_prompt(llm: LLM, shared_prompts, shared_refe
     assert warm.usage.cached_tokens == 0
     assert warm.token_ids == shared_reference[0]
     blocks = cached.engine.blocks
-    hits_before = blocks.num_prefix_hit_tokens
+    hits_before = cached.engine.stats().num_prefix_hit_tokens
     results = cached.generate(shared_prompts, GREEDY)
     assert_matches(results, shared_reference)
     for result in results:
         assert result.usage.cached_tokens >= 64
         assert result.usage.cached_tokens % BLOCK == 0
         assert result.usage.cached_tokens < result.usage.prompt_tokens
-    assert blocks.num_prefix_hit_tokens - hits_before == sum(
+    assert cached.engine.stats().num_prefix_hit_tokens - hits_before == sum(
         r.usage.cached_tokens for r in results)
     assert not cached.engine.has_unfinished()
     assert blocks.num_free_blocks == blocks.num_blocks
 
 
 def test_preemption_recomputes_identically(llm: LLM, prompts, batched, reference) -> None:
-    per_block = kv_bytes_per_block(llm.engine.runner.model, BLOCK)
+    per_block = kv_bytes_per_block(llm.model, BLOCK)
     # Room for the largest request on its own plus a few blocks: 8 requests cannot all fit.
     need = max(-(-(len(p) + MAX_NEW) // BLOCK) for p in prompts)
     tight = with_engine(llm, kv_cache_bytes=(need + 4) * per_block, enable_prefix_caching=False)
     assert tight.engine.blocks.num_blocks == need + 4
     results = tight.generate(prompts, GREEDY)
-    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.stats().num_preemptions > 0
     assert [r.token_ids for r in results] == [r.token_ids for r in batched]
     assert [r.text for r in results] == [r.text for r in batched]
     assert_matches(results, reference)
     assert_pool_drained(tight)
+
+
+def test_stats_follow_the_scheduler_and_the_pool(llm: LLM, prompts) -> None:
+    engine = with_engine(llm, kv_cache_bytes=KV_BYTES, max_num_seqs=2).engine
+    idle = engine.stats()
+    assert (idle.num_running, idle.num_waiting, idle.num_kv_blocks_used, idle.kv_usage) == (
+        0, 0, 0, 0.0)
+    assert idle.num_kv_blocks == engine.blocks.num_blocks
+    for i, prompt in enumerate(prompts[:3]):
+        engine.add_request(f"stats-{i}", prompt, GREEDY)
+    assert engine.stats().num_waiting == 3
+    engine.step()
+    busy = engine.stats()
+    assert (busy.num_running, busy.num_waiting) == (2, 1)  # max_num_seqs admits two
+    used = sum(len(seq.block_table) for seq in engine.scheduler.running)
+    assert busy.num_kv_blocks_used == used > 0
+    assert busy.kv_usage == used / busy.num_kv_blocks
+    assert busy.num_prefix_queried_tokens == len(prompts[0]) + len(prompts[1])
+    for i in range(3):
+        engine.abort(f"stats-{i}")
+    assert engine.stats().num_kv_blocks_used == 0
 
 
 # --------------------------------------------------------------------------- penalties
@@ -397,8 +419,8 @@ def test_empty_prompt(llm: LLM) -> None:
 
 
 def test_prompt_longer_than_context(llm: LLM, prompts) -> None:
-    short = with_engine(llm, kv_cache_bytes=8 * kv_bytes_per_block(llm.engine.runner.model,
-                                                                     BLOCK), max_model_len=64)
+    short = with_engine(llm, kv_cache_bytes=8 * kv_bytes_per_block(llm.model, BLOCK),
+                        max_model_len=64)
     long_prompt = (prompts[3] * 2)[:100]
     with pytest.raises(ContextLengthError) as info:
         short.generate([long_prompt], GREEDY)

@@ -19,10 +19,12 @@ import httpx
 import pytest
 
 from edgefire.contract.cities import load_city
+from edgefire.models.llama import LlamaForCausalLM
 from edgefire.runtime.engine.async_engine import AsyncEngine
 from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.engine.stats import EngineStats
 from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.node.served import TextModel
+from edgefire.runtime.node.served import ServedLM
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app
 from edgefire.runtime.tokenizer import Tokenizer
@@ -45,12 +47,11 @@ class Server:
     base_url: str
 
     @property
-    def served(self) -> TextModel:
+    def served(self) -> ServedLM:
         return self.node.registry.models()[SMOL]
 
-    @property
-    def engine(self) -> LLMEngine:
-        return self.served.engine.engine
+    def stats(self) -> EngineStats:
+        return self.served.engine.stats()
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +79,8 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def _idle(server: Server) -> bool:
-    engine = server.engine
-    return (engine.blocks.num_free_blocks == engine.blocks.num_blocks
-            and not engine.scheduler.running and not engine.scheduler.waiting)
+    stats = server.stats()
+    return stats.num_kv_blocks_used == stats.num_running == stats.num_waiting == 0
 
 
 def _health(server: Server) -> dict:
@@ -114,22 +114,23 @@ def test_sampling_penalties_answer_and_the_node_stays_healthy(server, penalties)
 
 
 def test_a_failed_step_fails_only_its_requests_and_health_recovers(server, monkeypatch):
-    engine = server.engine
-    # One request runs at a time: the second waits, outside the step that fails.
-    monkeypatch.setattr(engine.scheduler.config, "max_num_seqs", 1)
-    real_execute = engine.runner.execute
+    # The model fails, as a real fault would: the first forward after the patch (the node is
+    # idle, so it is the failing request's) raises. The second request arrives while that step
+    # holds the compute thread, so it waits outside the step that fails.
+    real_forward = LlamaForCausalLM.forward
     at_failing_step, fail_now, next_step = (threading.Event() for _ in range(3))
 
-    def execute(batch):
-        if not at_failing_step.is_set() and any(s.params.max_tokens == 77 for s in batch.seqs):
+    def forward(model, *args, **kwargs):
+        if not at_failing_step.is_set():
             at_failing_step.set()
             fail_now.wait(30)
             raise RuntimeError("boom at /srv/secret/weights.bin")
         if fail_now.is_set():
             next_step.wait(30)  # holds the node degraded while the test looks
-        return real_execute(batch)
+        return real_forward(model, *args, **kwargs)
 
-    monkeypatch.setattr(engine.runner, "execute", execute)
+    wait_for(lambda: _idle(server))
+    monkeypatch.setattr(LlamaForCausalLM, "forward", forward)
     with ThreadPoolExecutor(2) as pool:
         failing = pool.submit(server.client.post, RUN, json={
             "prompt": LONG, "max_tokens": 77, "temperature": 0})
@@ -154,15 +155,15 @@ def test_a_dead_engine_is_rebuilt_by_the_next_request(server, monkeypatch, caplo
     dead_engine = server.served.engine
     loads = server.node.registry.num_loads
 
-    def schedule():  # outside the batch's run: the engine's state is unknown, it must go
-        raise RuntimeError("scheduler exploded at /srv/secret")
+    def step(engine):  # not a contained step failure: the engine's state is unknown, it goes
+        raise RuntimeError("engine exploded at /srv/secret")
 
-    monkeypatch.setattr(server.engine.scheduler, "schedule", schedule)
-    with caplog.at_level("ERROR"):
+    with monkeypatch.context() as patch, caplog.at_level("ERROR"):
+        patch.setattr(LLMEngine, "step", step)  # for the engine that dies, not its successor
         response = server.client.post(RUN, json={"prompt": "Hi", "max_tokens": 4})
     assert _error(response, 500, 3043) == "Internal server error"
     assert "exploded" not in response.text
-    assert "scheduler exploded" in caplog.text  # the traceback is the node's to keep
+    assert "engine exploded" in caplog.text  # the traceback is the node's to keep
     assert dead_engine.dead
     health = _health(server)
     assert health["status"] == "degraded" and health["degraded_models"] == [SMOL]
@@ -193,7 +194,7 @@ def test_a_client_gone_mid_non_streamed_request_aborts_it(server, path, body):
             f"x-edgefire-node-secret: {SECRET}\r\ncontent-length: {len(payload)}\r\n\r\n")
     with socket.create_connection((url.hostname, url.port)) as sock:
         sock.sendall(head.encode() + payload)
-        wait_for(lambda: bool(server.engine.scheduler.running))
+        wait_for(lambda: server.stats().num_running > 0)
     # Aborted, not run to its end (which the model may reach early, at its EOS).
     wait_for(lambda: _aborted(server) == aborted + 1)
     wait_for(lambda: _idle(server))

@@ -134,11 +134,12 @@ def test_catalog_variants_state_the_precision_their_models_report(loaded) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", ["int8", "int4"])
 def test_quantized_models_generate_coherent_text(loaded, codec: str) -> None:
-    from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+    from edgefire.runtime.engine.llm_engine import EngineConfig
     from edgefire.runtime.engine.sampling_params import SamplingParams
+    from edgefire.runtime.loading import create_engine
 
     lm = loaded[codec]
-    engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(dtype="bfloat16"), lm.vocab_size)
+    engine = create_engine(lm, EngineConfig(dtype="bfloat16"))
     engine.add_request("q", lm.tokenizer.encode("The capital of France is"),
                        SamplingParams(max_tokens=12, temperature=0))
     text = "".join(out.text for _ in range(64) if engine.has_unfinished()

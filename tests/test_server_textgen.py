@@ -12,7 +12,7 @@ import pytest
 
 from edgefire.contract.cities import load_city
 from edgefire.contract.headers import WEIGHT_PRECISION
-from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.engine.stats import EngineStats
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app
@@ -35,9 +35,8 @@ class Server:
     first_statuses: list[int]  # of the concurrent requests that met the node cold
     loads_after_first: int
 
-    @property
-    def engine(self) -> LLMEngine:
-        return self.node.registry.models()[SMOL].engine.engine
+    def stats(self) -> EngineStats:
+        return self.node.registry.models()[SMOL].engine.stats()
 
 
 async def _cold_start(base_url: str) -> list[int]:
@@ -75,9 +74,8 @@ def _events(response: httpx.Response) -> list[str]:
 
 def _wait_idle(server: Server, timeout: float = 10.0) -> None:
     """Until no request is left and every KV block is free again (cached ones count as free)."""
-    engine, deadline = server.engine, time.monotonic() + timeout
-    while (engine.blocks.num_free_blocks != engine.blocks.num_blocks
-           or engine.scheduler.running or engine.scheduler.waiting):
+    deadline = time.monotonic() + timeout
+    while (stats := server.stats()).num_kv_blocks_used or stats.num_running or stats.num_waiting:
         assert time.monotonic() < deadline, "the engine kept requests or blocks"
         time.sleep(0.02)
     assert server.node.registry.loaded()[SMOL]["active_requests"] == 0
@@ -184,7 +182,7 @@ def test_client_disconnect_mid_stream_frees_the_request(server):
         lines = response.iter_lines()
         while not next(lines).startswith("data: {"):
             pass
-        assert server.engine.scheduler.running  # still generating when the client leaves
+        assert server.stats().num_running  # still generating when the client leaves
         assert _sample(server, "edgefire_kv_blocks_in_use") > 0
     _wait_idle(server, timeout=2.0)  # long before 2000 tokens could have been generated
     assert _sample(server, "edgefire_requests_total", status="aborted") == aborted_before + 1

@@ -133,7 +133,7 @@ def test_smollm2_serves_from_compressed_weights():
     for codec in ("identity", "unweight"):
         catalog = Catalog([dataclasses.replace(spec, codec=codec)])
         llm = LLM(SMOLLM, dtype="float32", catalog=catalog)
-        model = llm.engine.runner.model
+        model = llm.model
         runs[codec] = (model, [r.token_ids for r in llm.generate(prompts, params)])
     (dense, dense_tokens), (packed, packed_tokens) = runs["identity"], runs["unweight"]
     assert packed.weight_precision == "bfloat16-unweight"

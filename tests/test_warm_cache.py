@@ -16,10 +16,10 @@ from tokenizers import models
 
 import edgefire.plugins.llama
 from edgefire.contract.catalog import Catalog, ModelSpec
-from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.engine.llm_engine import EngineConfig
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.engine.sampling_params import SamplingParams
-from edgefire.runtime.model_loader import LoadedModel, load_model
+from edgefire.runtime.loading import LoadedLM, create_engine, load_lm
 from edgefire.runtime.tokenizer import Tokenizer
 from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
 from edgefire.runtime.weights.warm_cache import (
@@ -145,9 +145,8 @@ def _forbid_gguf(monkeypatch) -> None:
     monkeypatch.setattr(edgefire.plugins.llama, "load_gguf_tokenizer", forbidden)
 
 
-def _greedy(loaded: LoadedModel) -> list[list[int]]:
-    engine = LLMEngine(loaded.model, loaded.tokenizer,
-                       EngineConfig(kv_cache_bytes=32 << 20, dtype="float32"), loaded.vocab_size)
+def _greedy(loaded: LoadedLM) -> list[list[int]]:
+    engine = create_engine(loaded, EngineConfig(kv_cache_bytes=32 << 20, dtype="float32"))
     outputs: dict[str, list[int]] = {}
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(str(i), loaded.tokenizer.encode(prompt),
@@ -166,13 +165,13 @@ def _entries(root: Path) -> list[Path]:
 @pytest.mark.slow
 def test_warm_load_skips_gguf_and_decodes_identically(cache_dir: Path, monkeypatch):
     spec = Catalog.load().get_runnable(MODEL)
-    cold = load_model(spec, Precision.parse("float32"))
+    cold = load_lm(spec, Precision.parse("float32"))
     (entry,) = _entries(cache_dir)
     assert sorted(p.name for p in entry.iterdir()) == [META_FILE, "tokenizer.json", WEIGHTS_FILE]
 
     with monkeypatch.context() as patch:
         _forbid_gguf(patch)
-        warm = load_model(spec, Precision.parse("float32"))
+        warm = load_lm(spec, Precision.parse("float32"))
     assert (warm.vocab_size, warm.max_model_len) == (cold.vocab_size, cold.max_model_len)
     assert warm.model.config == cold.model.config
     w = warm.model.params[torch.float32]
@@ -187,12 +186,12 @@ def test_warm_load_skips_gguf_and_decodes_identically(cache_dir: Path, monkeypat
 @pytest.mark.slow
 def test_corrupt_entry_is_rebuilt_and_other_dtype_misses(cache_dir: Path, monkeypatch, caplog):
     spec = Catalog.load().get_runnable(MODEL)
-    load_model(spec, Precision.parse("float32"))
+    load_lm(spec, Precision.parse("float32"))
     (entry,) = _entries(cache_dir)
     with open(entry / WEIGHTS_FILE, "r+b") as f:
         f.truncate(1 << 20)
     with caplog.at_level(logging.WARNING):
-        rebuilt = load_model(spec, Precision.parse("float32"))
+        rebuilt = load_lm(spec, Precision.parse("float32"))
     assert "rebuilding" in caplog.text
     assert _entries(cache_dir) == [entry]  # written again under the same key, whole
     assert WarmCache(cache_dir).load(entry.name) is not None
@@ -201,7 +200,7 @@ def test_corrupt_entry_is_rebuilt_and_other_dtype_misses(cache_dir: Path, monkey
     calls = []
     real = gguf.quants.dequantize
     monkeypatch.setattr(gguf.quants, "dequantize", lambda *a: calls.append(1) or real(*a))
-    bf16 = load_model(spec, Precision.parse("bfloat16"))
+    bf16 = load_lm(spec, Precision.parse("bfloat16"))
     assert calls, "a bfloat16 load must not reuse the float32 entry"
     assert len(_entries(cache_dir)) == 2
     assert bf16.model.params[torch.bfloat16].embed.dtype == torch.bfloat16

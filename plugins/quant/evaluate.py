@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from edgefire.contract.catalog import ModelSpec
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.model_loader import LoadedModel, load_model
+from edgefire.runtime.loading import LoadedLM, load_lm
 
 
-def load_with_codec(spec: ModelSpec, codec_name: str, precision: Precision) -> LoadedModel:
+def load_with_codec(spec: ModelSpec, codec_name: str, precision: Precision) -> LoadedLM:
     """spec loaded through `codec_name` (a quantizing codec's projections stay packed)."""
-    return load_model(dataclasses.replace(spec, codec=codec_name), precision)
+    return load_lm(dataclasses.replace(spec, codec=codec_name), precision)
 
 
 @torch.inference_mode()

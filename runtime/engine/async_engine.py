@@ -19,6 +19,7 @@ from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
 from edgefire.runtime.engine.outputs import RequestOutput
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         """Requests not yet running: queued in the scheduler or still in the command queue."""
         return max(0, len(self._streams) - len(self.engine.scheduler.running))
+
+    def stats(self) -> EngineStats:
+        """The engine's load as its scheduler sees it (LLMEngine.stats); any thread may call it."""
+        return self.engine.stats()
 
     def _send(self, kind: str, payload: object) -> None:
         self._commands.append((kind, payload))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from edgefire.contract.errors import ContextLengthError, InvalidInputError
+from edgefire.runtime.engine.kv_pool import KVBackendFactory
 from edgefire.runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
 from edgefire.runtime.engine.output_processor import OutputProcessor
 from edgefire.runtime.engine.outputs import RequestOutput
@@ -16,7 +17,7 @@ from edgefire.runtime.engine.sampler import Sampler
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from edgefire.runtime.engine.sequence import Sequence
-from edgefire.runtime.plugins import load_plugins
+from edgefire.runtime.engine.stats import EngineStats
 from edgefire.runtime.tokenizer import Tokenizer
 
 
@@ -28,7 +29,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
-    kv_backend: str = "local_paged"  # KV backend plugin that provides the page pool
+    # The KV backend plugin that provides the page pool: edgefire.runtime.loading resolves the
+    # name and hands the engine its factory.
+    kv_backend: str = "local_paged"
     dtype: str = "auto"  # "float32", "bfloat16", or "auto": chosen per step by its token count
     auto_bfloat16_min_tokens: int = 8
 
@@ -48,15 +51,14 @@ class StepFailedError(RuntimeError):
 
 class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, config: EngineConfig,
-                 vocab_size: int) -> None:
+                 vocab_size: int, create_pool: KVBackendFactory) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model, config.block_size)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds no KV block")
-        # The backend is looked up by name once, here; steps call the pool it returns directly.
-        create_pool = load_plugins().kv_backends.get(config.kv_backend)
+        # Steps use the pool the backend returns directly, never the factory again.
         pool = create_pool(num_blocks, config.block_size,
                            model.kv_cache_shape(num_blocks, config.block_size), model.kv_dtype,
                            config.enable_prefix_caching)
@@ -68,6 +70,23 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer)
         self.requests: dict[str, Sequence] = {}
         self.stop_token_ids = frozenset(tokenizer.stop_token_ids)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes the KV pages take (at most config.kv_cache_bytes, the budget)."""
+        return self.runner.kv_cache.nbytes
+
+    def stats(self) -> EngineStats:
+        """The engine's load now; any thread may call it. It reads list lengths and ints, each
+        whole, and takes no lock: the fields may be a step apart, never torn."""
+        blocks, scheduler = self.blocks, self.scheduler
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_kv_blocks_used=blocks.num_blocks - blocks.num_free_blocks,
+            num_kv_blocks=blocks.num_blocks,
+            num_prefix_queried_tokens=blocks.num_prefix_queried_tokens,
+            num_prefix_hit_tokens=blocks.num_prefix_hit_tokens,
+            num_preemptions=scheduler.num_preemptions)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, salt: bytes = b"") -> Sequence:

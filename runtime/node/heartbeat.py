@@ -7,7 +7,7 @@ logged at most once a minute and the next beat simply tries again.
 Beats go out from a thread of their own with a blocking client, not from the event loop: a
 loop kept busy (a burst of large requests) must not make a live node look dead. The thread
 reads node state that the event loop and the compute thread change; what it reads is either
-taken under the registry's lock or read whole (ints, list lengths).
+taken under the registry's lock or read whole (ints, list lengths: the engines' stats()).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import httpx
 from edgefire.contract.headers import NODE_SECRET
 from edgefire.contract.node_report import HEARTBEAT_PATH, NodeReport
 from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.node.served import TextModel
+from edgefire.runtime.node.served import ServedLM
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,11 @@ class HeartbeatSender:
         running = waiting = 0
         kv_usage = 0.0
         for model in self.node.registry.models().values():
-            if isinstance(model, TextModel):
-                engine = model.engine.engine
-                running += len(engine.scheduler.running)
-                waiting += model.engine.num_waiting
-                kv_usage = max(kv_usage, engine.blocks.usage)
+            if isinstance(model, ServedLM):
+                stats = model.engine.stats()
+                running += stats.num_running
+                waiting += model.num_waiting
+                kv_usage = max(kv_usage, stats.kv_usage)
         return NodeReport(
             city=city.code, name=city.name, url=self.public_url,
             lat=city.lat, lon=city.lon, role=city.role,

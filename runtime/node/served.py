@@ -1,4 +1,4 @@
-"""What the node serves per loaded model: a text engine or an embedder, with its footprint."""
+"""What the node serves per loaded model: a text engine or an encoder, with its footprint."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from tokenizers import decoders
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.errors import ModelUnavailableError
 from edgefire.runtime.engine.async_engine import AsyncEngine
-from edgefire.runtime.engine.builder import build_engine
 from edgefire.runtime.engine.compute_thread import ComputeThread
+from edgefire.runtime.engine.encoder import AsyncEncoder
 from edgefire.runtime.engine.llm_engine import EngineConfig
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.loading import build_engine, load_encoder
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.tokenizer import Tokenizer
 
@@ -21,7 +23,7 @@ TEXT_EMBEDDINGS = "text-embeddings"
 
 
 @dataclass(slots=True)
-class TextModel:
+class ServedLM:
     spec: ModelSpec
     engine: AsyncEngine
     tokenizer: Tokenizer
@@ -50,23 +52,23 @@ class TextModel:
 
 
 @dataclass(slots=True)
-class EmbeddingServed:
+class ServedEncoder:
     spec: ModelSpec
-    embedder: object  # edgefire.runtime.embeddings.AsyncEmbedder
+    encoder: AsyncEncoder
     dimensions: int
     max_tokens: int
     memory_bytes: int
     weight_precision: str
 
-    # A failed embedding batch fails only its own requests: the embedder never dies.
+    # A failed embedding batch fails only its own requests: the encoder never dies.
     dead: ClassVar[bool] = False
     degraded: ClassVar[bool] = False
 
     def mark_degraded(self) -> None:
-        """Never called: only a dead model is rebuilt, and an embedder does not die."""
+        """Never called: only a dead model is rebuilt, and an encoder does not die."""
 
     def close(self) -> None:
-        self.embedder.close()
+        self.encoder.close()
 
 
 def longest_token_chars(tokenizer: Tokenizer) -> int | None:
@@ -87,7 +89,7 @@ def longest_token_chars(tokenizer: Tokenizer) -> int | None:
 
 
 def build_served_model(spec: ModelSpec, settings: NodeSettings,
-                       compute: ComputeThread) -> TextModel | EmbeddingServed:
+                       compute: ComputeThread) -> ServedLM | ServedEncoder:
     """Load spec for serving (seconds); it will run its steps on `compute`."""
     if spec.task == TEXT_GENERATION:
         config = EngineConfig(kv_cache_bytes=settings.kv_cache_mib << 20,
@@ -95,18 +97,14 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings,
                               max_num_batched_tokens=settings.max_num_batched_tokens,
                               dtype=settings.dtype, kv_backend=settings.kv_backend)
         engine, loaded = build_engine(spec, config)
-        memory = loaded.model.weight_bytes + engine.runner.kv_cache.nbytes
-        return TextModel(spec, AsyncEngine(engine, compute), loaded.tokenizer,
-                         engine.config.max_model_len, memory, loaded.model.weight_precision,
-                         longest_token_chars(loaded.tokenizer))
+        memory = loaded.model.weight_bytes + engine.kv_pool_bytes
+        return ServedLM(spec, AsyncEngine(engine, compute), loaded.tokenizer,
+                        engine.config.max_model_len, memory, loaded.model.weight_precision,
+                        longest_token_chars(loaded.tokenizer))
     if spec.task == TEXT_EMBEDDINGS:
-        from edgefire.runtime.embeddings import AsyncEmbedder
-        from edgefire.runtime.engine.precision import Precision
-        from edgefire.runtime.model_loader import load_model
-
-        loaded = load_model(spec, Precision.parse(settings.dtype))
-        model = loaded.model
-        return EmbeddingServed(spec, AsyncEmbedder(model, executor=compute), model.dim,
-                               loaded.max_model_len, model.memory_bytes, model.weight_precision)
+        encoder = load_encoder(spec, Precision.parse(settings.dtype)).encoder
+        return ServedEncoder(spec, AsyncEncoder(encoder, executor=compute), encoder.dim,
+                             encoder.max_seq_length, encoder.memory_bytes,
+                             encoder.weight_precision)
     raise ModelUnavailableError(f"{spec.id}: task {spec.task!r} is not served by this node",
                                 field="model")

@@ -29,7 +29,7 @@ class Embedder:
         async with time_limit(self.node.settings.request_timeout_s):
             try:
                 async with self.node.registry.use(spec.id) as served:
-                    vectors, num_tokens = await served.embedder.embed(texts)
+                    vectors, num_tokens = await served.encoder.embed(texts)
                     precision = served.weight_precision
             except BaseException as exc:  # cancelled: the client is gone or time ran out
                 timer.end("error" if isinstance(exc, Exception) else "aborted")

@@ -26,7 +26,7 @@ from edgefire.contract.text_generation import TextGenerationRequest
 from edgefire.runtime.engine.outputs import RequestOutput, Usage
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.node.served import TextModel
+from edgefire.runtime.node.served import ServedLM
 from edgefire.runtime.server.metrics import RequestTimer, ServerMetrics
 from edgefire.runtime.server.prompts import encode_prompt
 
@@ -56,7 +56,7 @@ class _Choice:
 class Generation:
     """The engine requests of one API call (one per choice), holding the model until closed."""
 
-    def __init__(self, served: TextModel, stack: AsyncExitStack) -> None:
+    def __init__(self, served: ServedLM, stack: AsyncExitStack) -> None:
         self._served = served
         self._stack = stack
         self._choices: list[_Choice] = []

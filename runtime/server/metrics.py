@@ -33,10 +33,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from edgefire.runtime.engine.llm_engine import LLMEngine
 from edgefire.runtime.engine.outputs import RequestOutput
+from edgefire.runtime.engine.stats import EngineStats
 from edgefire.runtime.node.node import EdgeNode
-from edgefire.runtime.node.served import TextModel
+from edgefire.runtime.node.served import ServedLM
 
 LABEL = "model_name"
 
@@ -131,19 +131,18 @@ class _EngineCollector(Collector):
         hits = counter("edgefire_prefix_cache_hits_total",
                        "Prompt tokens found in the prefix cache.")
         preemptions = counter("edgefire_preemptions_total", "Sequences preempted.")
-        for name, engine in _text_engines(self._node):
-            scheduler, blocks = engine.scheduler, engine.blocks
-            running.add_metric([name], len(scheduler.running))
-            waiting.add_metric([name], len(scheduler.waiting))
-            usage.add_metric([name], blocks.usage)
-            in_use.add_metric([name], blocks.num_blocks - blocks.num_free_blocks)
-            queries.add_metric([name], blocks.num_prefix_queried_tokens)
-            hits.add_metric([name], blocks.num_prefix_hit_tokens)
-            preemptions.add_metric([name], scheduler.num_preemptions)
+        for name, stats in _engine_stats(self._node):
+            running.add_metric([name], stats.num_running)
+            waiting.add_metric([name], stats.num_waiting)
+            usage.add_metric([name], stats.kv_usage)
+            in_use.add_metric([name], stats.num_kv_blocks_used)
+            queries.add_metric([name], stats.num_prefix_queried_tokens)
+            hits.add_metric([name], stats.num_prefix_hit_tokens)
+            preemptions.add_metric([name], stats.num_preemptions)
         yield from (running, waiting, usage, in_use, queries, hits, preemptions)
 
 
-def _text_engines(node: EdgeNode) -> Iterator[tuple[str, LLMEngine]]:
+def _engine_stats(node: EdgeNode) -> Iterator[tuple[str, EngineStats]]:
     for model_id, served in node.registry.models().items():
-        if isinstance(served, TextModel):
-            yield model_id, served.engine.engine
+        if isinstance(served, ServedLM):
+            yield model_id, served.engine.stats()

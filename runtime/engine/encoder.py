@@ -1,6 +1,8 @@
 """Sentence embeddings: tokenize, batch by length, encode, pool; and an asyncio front end.
 
-`EmbeddingModel` is synchronous and not thread-safe; `AsyncEmbedder` runs it on one worker
+The embedding side's counterpart of the text engine: an `Encoder` (the architecture, as a
+CausalLM is for text), a `TextEncoder` (it and its tokenizer: texts in, unit vectors out;
+synchronous and not thread-safe) and an `AsyncEncoder`, which runs a TextEncoder on one worker
 thread and merges requests that arrive while a forward is running into the next forward.
 """
 
@@ -56,7 +58,7 @@ def validate_texts(texts: object) -> list[str]:
     return list(texts)
 
 
-class EmbeddingModel:
+class TextEncoder:
     """An encoder and its tokenizer; `embed` returns unit vectors and the tokens it used."""
 
     def __init__(self, encoder: Encoder, tokenizer: Tokenizer, max_seq_length: int,
@@ -119,35 +121,35 @@ class _Request:
     future: asyncio.Future[tuple[torch.Tensor, int]]
 
 
-class AsyncEmbedder:
+class AsyncEncoder:
     """Serves concurrent `embed` calls from one event loop with one forward at a time.
 
     Requests that arrive while a forward runs wait and then go together in the next one, up to
     `max_batch_texts` texts (a single larger request still runs, alone).
     """
 
-    def __init__(self, model: EmbeddingModel, max_batch_texts: int = 256,
+    def __init__(self, encoder: TextEncoder, max_batch_texts: int = 256,
                  executor: Executor | None = None) -> None:
-        self.model = model
+        self.encoder = encoder
         self.max_batch_texts = max_batch_texts
         self.num_batches = 0  # forwards run, for metrics and tests
-        # A node passes its compute thread; alone, the embedder runs forwards on its own thread.
+        # A node passes its compute thread; alone, the encoder runs forwards on its own thread.
         self._owns_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(max_workers=1,
-                                                        thread_name_prefix="embedder")
+                                                        thread_name_prefix="encoder")
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task | None = None
         self._closed = False
         self._lock = threading.Lock()  # close() may come from another thread than the loop
 
     async def embed(self, texts: list[str]) -> tuple[torch.Tensor, int]:
-        """Vectors [len(texts), dim] and the token count, as EmbeddingModel.embed."""
+        """Vectors [len(texts), dim] and the token count, as TextEncoder.embed."""
         # Validated here so that a bad request fails alone instead of failing its batch.
         texts = validate_texts(texts)
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._closed:
-                raise RuntimeError("AsyncEmbedder is closed")
+                raise RuntimeError("AsyncEncoder is closed")
             request = _Request(texts, loop.create_future())
             self._pending.append(request)
             if self._drainer is None or self._drainer.done():
@@ -164,7 +166,7 @@ class AsyncEmbedder:
             texts = [text for request in batch for text in request.texts]
             try:
                 vectors, counts = await loop.run_in_executor(
-                    self._executor, self.model.embed_with_counts, texts)
+                    self._executor, self.encoder.embed_with_counts, texts)
             except Exception as exc:  # handed to every caller in the batch
                 for request in batch:
                     if not request.future.done():
@@ -198,7 +200,7 @@ class AsyncEmbedder:
             future = request.future
             if not future.done():
                 future.get_loop().call_soon_threadsafe(
-                    _fail, future, RuntimeError("AsyncEmbedder was closed"))
+                    _fail, future, RuntimeError("AsyncEncoder was closed"))
         if self._owns_executor:
             self._executor.shutdown(wait=False)
 

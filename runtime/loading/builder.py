@@ -1,0 +1,24 @@
+"""Build an engine for a catalog model: load it, size the engine to it, give it its KV pool."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from edgefire.contract.catalog import ModelSpec
+from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.loading.load import load_lm
+from edgefire.runtime.loading.loaded import LoadedLM
+from edgefire.runtime.plugins import load_plugins
+
+
+def create_engine(loaded: LoadedLM, config: EngineConfig) -> LLMEngine:
+    """An engine over an already loaded model, its pool from the KV backend config names."""
+    config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len))
+    # Looked up by name once, here: the engine never sees the plugin host.
+    create_pool = load_plugins().kv_backends.get(config.kv_backend)
+    return LLMEngine(loaded.model, loaded.tokenizer, config, loaded.vocab_size, create_pool)
+
+
+def build_engine(spec: ModelSpec, config: EngineConfig) -> tuple[LLMEngine, LoadedLM]:
+    loaded = load_lm(spec, config.precision)
+    return create_engine(loaded, config), loaded
