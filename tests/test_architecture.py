@@ -81,16 +81,25 @@ def test_the_import_rules_hold(installed_layout):
     assert " BROKEN" not in done.stdout
 
 
-@pytest.mark.parametrize(("planted", "contract"), [
-    ("edgefire/gateway/planted.py", "The gateway reaches no node code and no torch"),
-    ("edgefire/contract/planted.py", "The wire contract imports neither side, nor torch"),
-    ("edgefire/plugin_host/planted.py",
+_ENGINE = "import edgefire.runtime.engine.llm_engine  # noqa\n"
+
+
+@pytest.mark.parametrize(("planted", "source", "contract"), [
+    ("edgefire/gateway/planted.py", _ENGINE, "The gateway reaches no node code and no torch"),
+    ("edgefire/contract/planted.py", _ENGINE,
+     "The wire contract imports neither side, nor torch"),
+    ("edgefire/plugin_host/planted.py", _ENGINE,
      "The plugin machinery both worlds share imports neither world, nor torch"),
+    ("edgefire/runtime/engine/planted.py", "import edgefire.runtime.loading.builder  # noqa\n",
+     "The engine never reaches loading, weights, plugins or the node"),
+    ("edgefire/runtime/node/planted.py", "import edgefire.runtime.server.app  # noqa\n",
+     "The node's request path runs one way: server, node, loading, engine"),
 ])
-def test_a_violation_breaks_the_import_rules(installed_layout, tmp_path, planted, contract):
+def test_a_violation_breaks_the_import_rules(installed_layout, tmp_path, planted, source,
+                                             contract):
     layout = tmp_path / "layout"
     shutil.copytree(installed_layout, layout)
-    (layout / planted).write_text("import edgefire.runtime.engine.llm_engine  # noqa\n")
+    (layout / planted).write_text(source)
     done = _lint_imports(layout)
     assert done.returncode != 0
     assert f"{contract} BROKEN" in done.stdout
