@@ -9,6 +9,7 @@ from tokenizers import decoders
 
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.errors import ModelUnavailableError
+from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.runtime.engine.async_engine import AsyncEngine
 from edgefire.runtime.engine.compute_thread import ComputeThread
 from edgefire.runtime.engine.encoder import AsyncEncoder
@@ -17,9 +18,6 @@ from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.loading import build_engine, load_encoder
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.tokenizer import Tokenizer
-
-TEXT_GENERATION = "text-generation"
-TEXT_EMBEDDINGS = "text-embeddings"
 
 
 @dataclass(slots=True)
