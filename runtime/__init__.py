@@ -1,4 +1,5 @@
-"""edgefire runtime: the engine, the catalog and (later) the node that serves them."""
+"""The node side: engine, loading, node and its HTTP server. For offline use:
+`from edgefire.runtime import LLM, SamplingParams`."""
 
 from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
 from edgefire.runtime.engine.sampling_params import SamplingParams
