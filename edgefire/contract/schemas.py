@@ -84,9 +84,32 @@ _GENERATION_OPTIONS = {
 }
 
 
+# JSON mode. Workers AI's native models take a bare JSON Schema; the OpenAI family wraps it as
+# {name, schema, strict}. "text" is the default: free text.
+_JSON_SCHEMA = {"type": "object", "description": "a JSON Schema the answer must be valid against"}
+
+
+def _response_format(json_schema: dict) -> dict:
+    return {"type": ["object", "null"], "required": ["type"],
+            "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                           "json_schema": json_schema},
+            "if": {"properties": {"type": {"const": "json_schema"}}},
+            "then": {"required": ["json_schema"]}}
+
+
+_NATIVE_STRUCTURED = {
+    "response_format": _response_format(_JSON_SCHEMA),
+    "guided_json": {**_JSON_SCHEMA, "type": ["object", "null"]},
+}
+_OPENAI_RESPONSE_FORMAT = _response_format({
+    "type": "object", "required": ["schema"],
+    "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                   "schema": _JSON_SCHEMA, "strict": {"type": ["boolean", "null"]}}})
+
+
 def _variant(title: str, key: str, schema: dict) -> dict:
     return {"title": title, "type": "object", "required": [key],
-            "properties": {key: schema, **_GENERATION_OPTIONS}}
+            "properties": {key: schema, **_GENERATION_OPTIONS, **_NATIVE_STRUCTURED}}
 
 
 # Every sampling option at once: what a client may combine, and what the fuzz tests send.
@@ -114,7 +137,11 @@ _USAGE = {"type": "object", "properties": {
 
 TEXT_GENERATION_OUTPUT = {"oneOf": [
     {"type": "object", "contentType": "application/json",
-     "properties": {"response": {"type": "string"}, "usage": _USAGE}},
+     "properties": {
+         "response": {"type": ["string", "object", "array", "number", "boolean", "null"],
+                      "description": "text; in JSON mode the parsed JSON value"},
+         "finish_reason": {"enum": ["stop", "length"]},
+         "usage": _USAGE}},
     {"type": "string", "contentType": "text/event-stream", "format": "binary"},
 ]}
 
@@ -158,6 +185,7 @@ CHAT_COMPLETIONS_REQUEST = {
                                   "description": "wins over max_tokens"},
         "stream_options": {"type": ["object", "null"], "properties": {
             "include_usage": _flag("a last chunk with the usage of the whole call")}},
+        "response_format": _OPENAI_RESPONSE_FORMAT,
         **_GENERATION_OPTIONS,
     },
 }

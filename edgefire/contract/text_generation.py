@@ -3,11 +3,13 @@
 The body is checked against its schema (edgefire.contract.schemas), then read into one typed
 request that both API styles share; the node turns it into token ids and engine sampling
 parameters, the gateway needs no more than the schema check. Rules a schema cannot state
-live here: prompt and messages both given, the first max-tokens key that wins.
+live here: prompt and messages both given, the first max-tokens key that wins, JSON mode's
+schema in either family's form, and the fields this engine does not do (refused, never ignored).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,17 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "repetition_penalty", "frequency_pen
                     "presence_penalty")
 # JSON Schema counts 2.0 as an integer; the engine wants Python ints.
 _INTEGER_FIELDS = ("top_k", "seed")
+# JSON mode without a schema: any JSON object (as OpenAI's and Workers AI's json_object).
+ANY_OBJECT = {"type": "object"}
+
+# Fields of Workers AI's and OpenAI's schemas that this engine does not do: asking for one is
+# answered 5006 naming it, so no client mistakes a free-text answer for what it asked.
+_UNSUPPORTED_RUN = ("tools", "functions", "lora", "image")
+_UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "logprobs",
+                     "top_logprobs", "logit_bias", "audio", "modalities", "prediction",
+                     "web_search_options", "reasoning_effort", "chat_template_kwargs")
+# Values that ask for nothing (`tool_choice: "none"`, `logprobs: false`) pass.
+_ASKS_NOTHING = (None, False, "none", 0, "", [], {})
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,25 +57,66 @@ class TextGenerationRequest:
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     reject_if_busy: bool = False  # Workers AI's options.rejectIfBusy
 
+    @property
+    def json_mode(self) -> bool:
+        """The answer is one JSON value (response_format json_object / json_schema)."""
+        return self.sampling.get("json_schema") is not None
+
 
 def parse_run(body: dict[str, Any]) -> TextGenerationRequest:
     """Workers AI's `POST …/ai/run/{model}` inputs (5006 naming the field if they do not fit)."""
     body = _RUN.check(body)
-    return TextGenerationRequest(_prompt(body, allow_prompt=True),
-                                 _sampling(body, ("max_tokens",)),
-                                 stream=given(body, "stream", False),
+    _refuse(body, _UNSUPPORTED_RUN)
+    sampling = _sampling(body, ("max_tokens",))
+    schema = _native_schema(body)
+    stream = given(body, "stream", False)
+    if schema is not None:
+        if stream:  # as Workers AI: the answer is one parsed object, not a stream of text
+            raise InvalidInputError("JSON mode does not support streaming", field="stream")
+        sampling["json_schema"] = schema
+    return TextGenerationRequest(_prompt(body, allow_prompt=True), sampling, stream=stream,
                                  reject_if_busy=_reject_if_busy(body))
 
 
 def parse_chat(body: dict[str, Any]) -> TextGenerationRequest:
     """An OpenAI `POST …/v1/chat/completions` body (its `model` is read by the caller)."""
     body = _CHAT.check(body)
+    _refuse(body, _UNSUPPORTED_CHAT)
+    sampling = _sampling(body, ("max_completion_tokens", "max_tokens"))
+    schema = _format_schema(given(body, "response_format"), lambda spec: spec["schema"])
+    if schema is not None:
+        sampling["json_schema"] = schema
     return TextGenerationRequest(
-        _prompt(body, allow_prompt=False),
-        _sampling(body, ("max_completion_tokens", "max_tokens")),
+        _prompt(body, allow_prompt=False), sampling,
         n=int(given(body, "n", 1)), stream=given(body, "stream", False),
         include_usage=given(given(body, "stream_options", {}), "include_usage", False),
         reject_if_busy=_reject_if_busy(body))
+
+
+def _native_schema(body: dict[str, Any]) -> dict | None:
+    """JSON mode's schema from `response_format` (a bare schema) or `guided_json`."""
+    guided = given(body, "guided_json")
+    response_format = given(body, "response_format")
+    if guided is not None and response_format is not None:
+        raise InvalidInputError("guided_json cannot be given with response_format",
+                                field="guided_json")
+    return guided if guided is not None else _format_schema(response_format, lambda s: s)
+
+
+def _format_schema(response_format: dict | None,
+                   unwrap: Callable[[dict], dict]) -> dict | None:
+    kind = (response_format or {}).get("type", "text")
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind == "json_schema":
+        return unwrap(response_format["json_schema"])
+    return None
+
+
+def _refuse(body: dict[str, Any], unsupported: tuple[str, ...]) -> None:
+    for name in unsupported:
+        if body.get(name) not in _ASKS_NOTHING:
+            raise InvalidInputError(f"{name} is not supported by this model", field=name)
 
 
 def _prompt(body: dict[str, Any], *, allow_prompt: bool) -> PromptInput:

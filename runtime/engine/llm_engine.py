@@ -18,6 +18,7 @@ from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from edgefire.runtime.engine.sequence import Sequence
 from edgefire.runtime.engine.stats import EngineStats
+from edgefire.runtime.engine.structured import Grammars
 from edgefire.runtime.tokenizer import Tokenizer
 
 
@@ -70,6 +71,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer)
         self.requests: dict[str, Sequence] = {}
         self.stop_token_ids = frozenset(tokenizer.stop_token_ids)
+        self.grammars = Grammars(tokenizer, vocab_size)
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -105,8 +107,11 @@ class LLMEngine:
         self._check_prompt(prompt_token_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
-        return Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
-                        generator, salt)
+        seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
+                       generator, salt)
+        if params.json_schema is not None:
+            seq.constraint = self.grammars.json_schema(params.json_schema, "response_format")
+        return seq
 
     def enqueue(self, seq: Sequence) -> None:
         self.requests[seq.request_id] = seq
@@ -167,6 +172,8 @@ class LLMEngine:
         outputs = []
         for seq, token in zip(sample_seqs, tokens, strict=True):
             seq.token_ids.append(token)
+            if seq.constraint is not None:
+                seq.constraint.advance(token)
             output = self.outputs.update(seq, token, self._finish_reason(seq, token))
             if output.finished:
                 self.scheduler.finish(seq, output.finish_reason)
@@ -178,6 +185,8 @@ class LLMEngine:
         p = seq.params
         if not p.ignore_eos and token in self.stop_token_ids or token in p.stop_token_ids:
             return "stop"
+        if seq.constraint is not None and seq.constraint.complete:
+            return "stop"  # the JSON value is whole: only a stop token could follow
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
             return "length"
         return None

@@ -1,4 +1,5 @@
-"""Token sampling: penalties, greedy, temperature, top-k, top-p, seeded per request.
+"""Token sampling: penalties, grammar masks, greedy, temperature, top-k, top-p, seeded per
+request.
 
 Each request draws from its own torch.Generator, so a seeded request samples the same tokens
 whatever else shares its batch.
@@ -52,6 +53,8 @@ class Sampler:
         for row, seq in enumerate(seqs):
             if seq.params.has_penalties:
                 apply_penalties(logits[row], seq)
+            if seq.constraint is not None:
+                logits[row].masked_fill_(~seq.constraint.allowed(), float("-inf"))
         tokens = logits.argmax(dim=-1).tolist()
         for row, seq in enumerate(seqs):
             if not seq.params.greedy:

@@ -29,6 +29,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Structured output: the answer is one JSON value valid against this schema ({"type":
+    # "object"} for plain JSON mode), enforced token by token (runtime/engine/structured.py).
+    json_schema: dict | None = None
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +64,8 @@ class SamplingParams:
                and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in self.stop),
                "stop", f"must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
                f"{MAX_STOP_CHARS} characters")
+        _check(self.json_schema is None or isinstance(self.json_schema, dict), "response_format",
+               "json_schema must be a JSON Schema object")
         _check(isinstance(self.stop_token_ids, list)
                and all(_integer(t) and 0 <= t < vocab_size for t in self.stop_token_ids),
                "stop_token_ids", f"must be token ids below {vocab_size}")

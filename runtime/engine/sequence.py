@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edgefire.runtime.engine.sampling_params import SamplingParams
+from edgefire.runtime.engine.structured import Constraint
 
 
 class SequenceStatus(enum.Enum):
@@ -31,6 +32,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain over full blocks
     finish_reason: str | None = None
+    constraint: Constraint | None = None  # structured output: what may come next
     arrival_time: float = field(default_factory=time.monotonic)
 
     @property

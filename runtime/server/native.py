@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,12 +13,18 @@ from edgefire.contract import embeddings, text_generation
 from edgefire.contract.bodies import read_json
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.envelope import success
+from edgefire.contract.errors import InvalidInputError
 from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.server.embedding import Embedder
-from edgefire.runtime.server.generation import Generation, TextGenerator, usage_json
+from edgefire.runtime.server.generation import (
+    Completion,
+    Generation,
+    TextGenerator,
+    usage_json,
+)
 
 _Handler = Callable[[Request, ModelSpec, dict[str, Any]], Awaitable[Response]]
 
@@ -45,7 +52,9 @@ class WorkersAIRoutes:
                                headers={WEIGHT_PRECISION: generation.weight_precision})
         completed = await self.text.complete(request.receive, account_id, spec, inputs)
         [done] = completed.choices
-        return success({"response": done.text, "usage": usage_json([done.usage])},
+        response = _parsed(done) if inputs.json_mode else done.text
+        return success({"response": response, "finish_reason": done.finish_reason,
+                        "usage": usage_json([done.usage])},
                        headers={WEIGHT_PRECISION: completed.weight_precision})
 
     async def _embed(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
@@ -62,4 +71,16 @@ async def _events(generation: Generation) -> AsyncIterator[dict]:
         if output.text:
             yield {"response": output.text}
         if output.finished:
-            yield {"response": "", "usage": usage_json([output.usage])}
+            yield {"response": "", "finish_reason": output.finish_reason,
+                   "usage": usage_json([output.usage])}
+
+
+def _parsed(done: Completion) -> Any:
+    """JSON mode's answer as Workers AI gives it: the parsed value. Decoding was held to the
+    schema, so only an answer cut short (max_tokens, a stop string) is not whole."""
+    try:
+        return json.loads(done.text)
+    except ValueError:
+        raise InvalidInputError(
+            f"JSON Mode couldn't be met: the answer ended ({done.finish_reason}) before its "
+            "JSON value was complete; raise max_tokens", field="max_tokens") from None
