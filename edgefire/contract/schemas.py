@@ -56,6 +56,8 @@ MESSAGE = {
                  "description": "system, user, assistant or tool"},
         "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART},
                               {"type": "null"}]},
+        "tool_calls": {"type": ["array", "null"], "items": {"type": "object"},
+                       "description": "an assistant turn's calls (native or OpenAI form)"},
     },
     # Only an assistant turn may come without text (an OpenAI tool-call turn has none).
     "if": {"properties": {"role": {"const": "assistant"}}},
@@ -64,8 +66,32 @@ MESSAGE = {
 }
 _MESSAGES = {"type": "array", "minItems": 1, "items": MESSAGE}
 
+# Tools: Workers AI's legacy {name, description, parameters} or OpenAI's {type: "function",
+# function: {...}}, in both families (edgefire.contract.tools reads them).
+_FUNCTION = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    "description": {"type": ["string", "null"]},
+    "parameters": {"type": ["object", "null"],
+                   "description": "a JSON Schema of the arguments object"}}}
+_TOOL = {"oneOf": [
+    {"type": "object", "required": ["type", "function"],
+     "properties": {"type": {"const": "function"}, "function": _FUNCTION}},
+    {**_FUNCTION, "not": {"required": ["function"]}},
+]}
+_TOOL_CHOICE = {"oneOf": [
+    {"enum": ["auto", "none", "required", None]},
+    {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"],
+                     "properties": {"name": {"type": "string"}}}}},
+]}
+MAX_TOOLS = 64
+
 # Workers AI's text-generation inputs besides the prompt; the OpenAI route takes them too.
 _GENERATION_OPTIONS = {
+    "tools": {"type": ["array", "null"], "items": _TOOL, "maxItems": MAX_TOOLS},
+    "tool_choice": _TOOL_CHOICE,
+    "parallel_tool_calls": {**_flag("more than one tool call in an answer"), "default": True},
     "raw": _flag("skip the chat template"),
     "stream": _flag("server-sent events: {response} per increment, then usage"),
     "max_tokens": {"type": ["integer", "null"], "minimum": 1, "default": 256},

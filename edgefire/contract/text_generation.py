@@ -10,12 +10,13 @@ schema in either family's form, and the fields this engine does not do (refused,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgefire.contract.bodies import given
 from edgefire.contract.errors import InvalidInputError
 from edgefire.contract.schemas import CHAT_COMPLETIONS_REQUEST, TASK_SCHEMAS, TEXT_GENERATION
+from edgefire.contract.tools import Tool, ToolChoice, calls_as_text, parse_tools
 from edgefire.contract.validation import Checker
 
 _RUN = Checker(TASK_SCHEMAS[TEXT_GENERATION][0])
@@ -32,8 +33,8 @@ ANY_OBJECT = {"type": "object"}
 
 # Fields of Workers AI's and OpenAI's schemas that this engine does not do: asking for one is
 # answered 5006 naming it, so no client mistakes a free-text answer for what it asked.
-_UNSUPPORTED_RUN = ("tools", "functions", "lora", "image")
-_UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "logprobs",
+_UNSUPPORTED_RUN = ("functions", "lora", "image")
+_UNSUPPORTED_CHAT = ("functions", "function_call", "logprobs",
                      "top_logprobs", "logit_bias", "audio", "modalities", "prediction",
                      "web_search_options", "reasoning_effort", "chat_template_kwargs")
 # Values that ask for nothing (`tool_choice: "none"`, `logprobs: false`) pass.
@@ -56,6 +57,13 @@ class TextGenerationRequest:
     stream: bool = False
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     reject_if_busy: bool = False  # Workers AI's options.rejectIfBusy
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+
+    @property
+    def calls_tools(self) -> bool:
+        """The model may (or must) answer with tool calls."""
+        return bool(self.tools) and self.tool_choice.mode != "none"
 
     @property
     def json_mode(self) -> bool:
@@ -74,8 +82,9 @@ def parse_run(body: dict[str, Any]) -> TextGenerationRequest:
         if stream:  # as Workers AI: the answer is one parsed object, not a stream of text
             raise InvalidInputError("JSON mode does not support streaming", field="stream")
         sampling["json_schema"] = schema
-    return TextGenerationRequest(_prompt(body, allow_prompt=True), sampling, stream=stream,
-                                 reject_if_busy=_reject_if_busy(body))
+    return _with_tools(body, TextGenerationRequest(
+        _prompt(body, allow_prompt=True), sampling, stream=stream,
+        reject_if_busy=_reject_if_busy(body)))
 
 
 def parse_chat(body: dict[str, Any]) -> TextGenerationRequest:
@@ -86,11 +95,24 @@ def parse_chat(body: dict[str, Any]) -> TextGenerationRequest:
     schema = _format_schema(given(body, "response_format"), lambda spec: spec["schema"])
     if schema is not None:
         sampling["json_schema"] = schema
-    return TextGenerationRequest(
+    return _with_tools(body, TextGenerationRequest(
         _prompt(body, allow_prompt=False), sampling,
         n=int(given(body, "n", 1)), stream=given(body, "stream", False),
         include_usage=given(given(body, "stream_options", {}), "include_usage", False),
-        reject_if_busy=_reject_if_busy(body))
+        reject_if_busy=_reject_if_busy(body)))
+
+
+def _with_tools(body: dict[str, Any], request: TextGenerationRequest) -> TextGenerationRequest:
+    tools, choice = parse_tools(body)
+    request = replace(request, tools=tools, tool_choice=choice)
+    if request.calls_tools:
+        # Both shape the whole answer: a tool call is JSON of its own form.
+        if request.json_mode:
+            raise InvalidInputError("tools cannot be combined with JSON mode", field="tools")
+        if request.prompt.raw:
+            raise InvalidInputError("tools need the chat template; raw skips it",
+                                    field="tools")
+    return request
 
 
 def _native_schema(body: dict[str, Any]) -> dict | None:
@@ -128,8 +150,7 @@ def _prompt(body: dict[str, Any], *, allow_prompt: bool) -> PromptInput:
         if messages is not None:
             raise InvalidInputError("prompt cannot be given with messages", field="prompt")
         return PromptInput(prompt=prompt, raw=raw)
-    return PromptInput(messages=[{**m, "content": _text(m.get("content"))} for m in messages],
-                       raw=raw)
+    return PromptInput(messages=[{**m, "content": _message_text(m)} for m in messages], raw=raw)
 
 
 def _sampling(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
@@ -151,8 +172,12 @@ def _reject_if_busy(body: dict[str, Any]) -> bool:
     return given(given(body, "options", {}), "rejectIfBusy", False)
 
 
-def _text(content: str | list[dict[str, Any]] | None) -> str:
-    """A message's content as text: its text parts joined; none for a tool-call turn."""
+def _message_text(message: dict[str, Any]) -> str:
+    """A message's content as text: its text parts joined; an assistant turn's tool calls as
+    the JSON the model answers calls with."""
+    content = message.get("content")
+    if message.get("tool_calls"):
+        return calls_as_text(message["tool_calls"])
     if content is None:
         return ""
     if isinstance(content, str):

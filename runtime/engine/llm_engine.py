@@ -110,7 +110,8 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
                        generator, salt)
         if params.json_schema is not None:
-            seq.constraint = self.grammars.json_schema(params.json_schema, "response_format")
+            seq.constraint = self.grammars.json_schema(params.json_schema,
+                                                       params.json_schema_field)
         return seq
 
     def enqueue(self, seq: Sequence) -> None:

@@ -32,6 +32,7 @@ class SamplingParams:
     # Structured output: the answer is one JSON value valid against this schema ({"type":
     # "object"} for plain JSON mode), enforced token by token (runtime/engine/structured.py).
     json_schema: dict | None = None
+    json_schema_field: str = "response_format"  # the input it came from, for error messages
 
     @property
     def greedy(self) -> bool:

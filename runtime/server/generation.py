@@ -27,6 +27,7 @@ from edgefire.runtime.engine.outputs import RequestOutput, Usage
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import ServedLM
+from edgefire.runtime.server import tool_calls
 from edgefire.runtime.server.metrics import RequestTimer, ServerMetrics
 from edgefire.runtime.server.prompts import encode_prompt
 
@@ -125,6 +126,7 @@ class TextGenerator:
         """Engine requests for each of request's choices, running; the caller must close()
         the result."""
         started = time.perf_counter()
+        request = tool_calls.prepare(request)
         params = per_choice(SamplingParams(**request.sampling), request.n)
         stack = AsyncExitStack()
         try:

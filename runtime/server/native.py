@@ -18,6 +18,7 @@ from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server import tool_calls
 from edgefire.runtime.server.embedding import Embedder
 from edgefire.runtime.server.generation import (
     Completion,
@@ -48,13 +49,17 @@ class WorkersAIRoutes:
         inputs = text_generation.parse_run(body)
         if inputs.stream:
             generation = await self.text.start(account_id, spec, inputs)
-            return EventStream(_events(generation), generation.close, openai=False,
+            events = _tool_events(generation) if inputs.calls_tools else _events(generation)
+            return EventStream(events, generation.close, openai=False,
                                headers={WEIGHT_PRECISION: generation.weight_precision})
         completed = await self.text.complete(request.receive, account_id, spec, inputs)
         [done] = completed.choices
-        response = _parsed(done) if inputs.json_mode else done.text
-        return success({"response": response, "finish_reason": done.finish_reason,
-                        "usage": usage_json([done.usage])},
+        if inputs.calls_tools:
+            result = _tool_result(done)
+        else:
+            result = {"response": _parsed(done) if inputs.json_mode else done.text,
+                      "finish_reason": done.finish_reason}
+        return success({**result, "usage": usage_json([done.usage])},
                        headers={WEIGHT_PRECISION: completed.weight_precision})
 
     async def _embed(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
@@ -73,6 +78,25 @@ async def _events(generation: Generation) -> AsyncIterator[dict]:
         if output.finished:
             yield {"response": "", "finish_reason": output.finish_reason,
                    "usage": usage_json([output.usage])}
+
+
+def _tool_result(done: Completion) -> dict[str, Any]:
+    """Workers AI's native form of a tools answer: calls with their arguments as objects."""
+    answer = tool_calls.read_answer(done.text, done.finish_reason)
+    return {"response": answer.text, "tool_calls": answer.calls,
+            "finish_reason": "tool_calls" if answer.calls else done.finish_reason}
+
+
+async def _tool_events(generation: Generation) -> AsyncIterator[dict]:
+    # A call is usable only whole: the answer is read to its end, then sent as events.
+    done = await generation.collect(0)
+    result = _tool_result(done)
+    if result["response"]:
+        yield {"response": result["response"]}
+    if result["tool_calls"]:
+        yield {"response": "", "tool_calls": result["tool_calls"]}
+    yield {"response": "", "finish_reason": result["finish_reason"],
+           "usage": usage_json([done.usage])}
 
 
 def _parsed(done: Completion) -> Any:

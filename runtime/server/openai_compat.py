@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.server import tool_calls
 from edgefire.runtime.server.embedding import Embedder
 from edgefire.runtime.server.generation import Completion, Generation, TextGenerator, usage_json
 
@@ -39,12 +41,13 @@ class OpenAIRoutes:
             generation = await self.text.start(account_id, spec, inputs)
             precision = generation.weight_precision
             head["system_fingerprint"] = fingerprint(precision)
-            return EventStream(_chunks(generation, head, inputs.include_usage),
+            return EventStream(_chunks(generation, head, inputs.include_usage,
+                                       inputs.calls_tools),
                                generation.close, openai=True,
                                headers={WEIGHT_PRECISION: precision})
         done = await self.text.complete(request.receive, account_id, spec, inputs)
         head["system_fingerprint"] = fingerprint(done.weight_precision)
-        return JSONResponse(_completion(head, done.choices),
+        return JSONResponse(_completion(head, done.choices, inputs.calls_tools),
                             headers={WEIGHT_PRECISION: done.weight_precision})
 
     async def embeddings(self, request: Request) -> Response:
@@ -71,16 +74,35 @@ def fingerprint(weight_precision: str) -> str:
     return f"edgefire-{weight_precision}"
 
 
-def _completion(head: dict, done: list[Completion]) -> dict:
-    return {**head, "object": "chat.completion",
-            "choices": [{"index": i, "finish_reason": c.finish_reason, "logprobs": None,
-                         "message": {"role": "assistant", "content": c.text, "refusal": None}}
-                        for i, c in enumerate(done)],
+def _message(done: Completion, tools: bool) -> tuple[dict, str]:
+    """A choice's assistant message and finish_reason; with tools, its calls as OpenAI's
+    (ids, arguments as JSON text) and finish_reason "tool_calls" when it made any."""
+    if not tools:
+        return {"role": "assistant", "content": done.text, "refusal": None}, done.finish_reason
+    answer = tool_calls.read_answer(done.text, done.finish_reason)
+    message = {"role": "assistant", "content": answer.text or None, "refusal": None}
+    if not answer.calls:
+        return message, done.finish_reason
+    message["tool_calls"] = [
+        {"id": tool_calls.call_id(), "type": "function",
+         "function": {"name": call["name"],
+                      "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+        for call in answer.calls]
+    return message, "tool_calls"
+
+
+def _completion(head: dict, done: list[Completion], tools: bool) -> dict:
+    choices = []
+    for i, c in enumerate(done):
+        message, finish_reason = _message(c, tools)
+        choices.append({"index": i, "finish_reason": finish_reason, "logprobs": None,
+                        "message": message})
+    return {**head, "object": "chat.completion", "choices": choices,
             "usage": usage_json([c.usage for c in done])}
 
 
-async def _chunks(generation: Generation, head: dict,
-                  include_usage: bool) -> AsyncIterator[dict]:
+async def _chunks(generation: Generation, head: dict, include_usage: bool,
+                  tools: bool) -> AsyncIterator[dict]:
     # With include_usage every chunk carries `usage`: null, and one last chunk the totals.
     head = {**head, "object": "chat.completion.chunk"} | ({"usage": None} if include_usage else {})
 
@@ -91,6 +113,17 @@ async def _chunks(generation: Generation, head: dict,
     usages = []
     for index in range(generation.num_choices):
         yield chunk(index, {"role": "assistant", "content": ""})
+        if tools:  # a call is usable only whole: read the answer to its end first
+            done = await generation.collect(index)
+            usages.append(done.usage)
+            message, finish_reason = _message(done, tools)
+            if message["content"]:
+                yield chunk(index, {"content": message["content"]})
+            calls = [{"index": k, **call} for k, call in enumerate(message.get("tool_calls", []))]
+            if calls:
+                yield chunk(index, {"tool_calls": calls})
+            yield chunk(index, {}, finish_reason)
+            continue
         async for output in generation.outputs(index):
             if output.text:
                 yield chunk(index, {"content": output.text})
