@@ -129,7 +129,11 @@ class AI:
         if options.get("rejectIfBusy"):
             body["options"] = {**(body.get("options") or {}), "rejectIfBusy": True}
         streamed = inputs.get("stream") is True
-        request = self._http.build_request("POST", url, json=body, headers=headers)
+        # Async batch: {requests: [...]} is queued and answered {status, request_id}; poll
+        # with run(model, {request_id}).
+        params = {"queueRequest": "true"} if options.get("queueRequest") else None
+        request = self._http.build_request("POST", url, json=body, headers=headers,
+                                           params=params)
         response = await self._http.send(request, stream=True)
         self.lastRequestId = response.headers.get("cf-ai-req-id")
         self.aiGatewayLogId = response.headers.get("cf-aig-log-id")

@@ -27,6 +27,7 @@ from edgefire.contract.errors import EdgefireError
 from edgefire.contract.http_errors import InternalErrorMiddleware, handle_error
 from edgefire.contract.node_report import HEARTBEAT_PATH
 from edgefire.contract.openapi import OPENAPI_PATH, serve_document
+from edgefire.gateway.batches import BatchWorker
 from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
 from edgefire.gateway.routes_admin import AdminRoutes
 from edgefire.gateway.routes_inference import InferenceRoutes
@@ -60,11 +61,15 @@ def create_app(state: GatewayState) -> Starlette:
         Route(OPENAPI_PATH, serve_document(gateway_document(state.catalog)), methods=["GET"]),
     ]
 
+    worker = BatchWorker(state.batches, infer.run_batch_item, state.interactive_waiting)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        worker.start()
         try:
             yield
         finally:
+            await worker.stop()
             await state.close()
 
     handlers = {EdgefireError: handle_error, HTTPException: handle_error}

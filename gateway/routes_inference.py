@@ -3,6 +3,7 @@ endpoint and the unified compat endpoint. Each becomes a GatewayRequest for the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 
@@ -12,8 +13,11 @@ from starlette.responses import JSONResponse, Response
 from edgefire.contract.bodies import parse_json, read_body
 from edgefire.contract.catalog_api import CatalogRoutes, openai_model_list, published_precision
 from edgefire.contract.disconnect import unless_disconnected
-from edgefire.contract.errors import InvalidInputError, NotFoundError
+from edgefire.contract.envelope import success
+from edgefire.contract.errors import EdgefireError, InvalidInputError, NotFoundError
+from edgefire.contract.tasks import TASKS
 from edgefire.contract.validation import Checker
+from edgefire.gateway.batches import RetryLater
 from edgefire.gateway.gateways import GatewayConfig
 from edgefire.gateway.pipeline import GatewayRequest, Step
 from edgefire.gateway.providers.base import UpstreamRequest
@@ -22,6 +26,8 @@ from edgefire.gateway.schemas import UNIVERSAL_STEPS
 from edgefire.gateway.state import GatewayState
 
 WORKERS_AI = "workers-ai"
+_NO_CAPACITY_NOW = (429, 503)  # a batch item meeting these waits in the queue
+_MAX_POLL_BYTES = 256  # a poll is {"request_id": "<uuid>"}; anything longer is a model input
 _STEPS = Checker(UNIVERSAL_STEPS)
 
 
@@ -34,7 +40,57 @@ class InferenceRoutes:
 
     # Workers AI REST (`/client/v4/accounts/{acct}/ai/…`); cf-aig-gateway-id opts into a gateway.
     async def run(self, request: Request) -> Response:
-        return await self._workers_ai(request, request.path_params["model"], "Workers AI REST")
+        self._account(request)  # before reading a body of up to max_batch_bytes
+        queued = request.query_params.get("queueRequest", "").lower() == "true"
+        settings = self.state.settings
+        body = await read_body(request, settings.max_batch_bytes if queued
+                               else settings.max_request_bytes)
+        batch = await self._batch(request, body, queued)
+        if batch is not None:
+            return batch
+        return await self._workers_ai(request, request.path_params["model"], "Workers AI REST",
+                                      body)
+
+    async def _batch(self, request: Request, body: bytes, queued: bool) -> Response | None:
+        """Async batch (gateway/batches.py): `?queueRequest=true` with `{requests}` queues,
+        `{request_id}` (with or without the query) polls; None for an interactive call."""
+        if not queued and len(body) > _MAX_POLL_BYTES:
+            return None
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+        if not queued and not (isinstance(data, dict) and set(data) == {"request_id"}):
+            return None
+        account_id = self._account(request)
+        if not isinstance(data, dict):
+            raise InvalidInputError("the request body must be a JSON object", field="body")
+        batches = self.state.batches
+        if "request_id" in data:
+            return success(await asyncio.to_thread(batches.poll, account_id,
+                                                   data["request_id"]))
+        model = self.state.catalog.find(request.path_params["model"], TASKS).id
+        return success(await asyncio.to_thread(batches.enqueue, account_id, model, data))
+
+    async def run_batch_item(self, account_id: str, model: str,
+                             inputs: dict) -> tuple[bool, object]:
+        """One queued item through the pipeline, as a plain Workers AI call."""
+        body = json.dumps(inputs).encode()
+        upstream = UpstreamRequest(account_id, model, body, stream=False)
+        step = Step.of(WORKERS_AI, upstream, model, RetryPolicy(), {})
+        call = GatewayRequest(account_id, None, f"/ai/run/{model}", "Workers AI Batch", [step])
+        try:
+            response = await self.state.pipeline.handle(call)
+        except EdgefireError as exc:
+            if exc.status in _NO_CAPACITY_NOW:
+                raise RetryLater from exc
+            return False, [{"code": exc.code, "message": exc.message}]
+        if response.status_code in _NO_CAPACITY_NOW:
+            raise RetryLater
+        answer = json.loads(response.body)
+        if answer.get("success"):
+            return True, answer["result"]
+        return False, answer.get("errors") or [{"code": 3001, "message": "no answer"}]
 
     async def openai(self, request: Request) -> Response:
         path = "v1/" + request.url.path.rsplit("/v1/", 1)[1]
@@ -52,11 +108,13 @@ class InferenceRoutes:
         self._account(request)
         return await self.catalog.schema(request)
 
-    async def _workers_ai(self, request: Request, path: str, request_type: str) -> Response:
+    async def _workers_ai(self, request: Request, path: str, request_type: str,
+                          body: bytes | None = None) -> Response:
         account_id = self._account(request)
         gateway_id = request.headers.get("cf-aig-gateway-id")
         gateway = self._authorized(request, account_id, gateway_id) if gateway_id else None
-        body = await read_body(request, self.state.settings.max_request_bytes)
+        if body is None:
+            body = await read_body(request, self.state.settings.max_request_bytes)
         step = self._step(request, account_id, WORKERS_AI, path, body, request.headers)
         return await self._handle(account_id, gateway, request, request_type, [step])
 

@@ -37,6 +37,9 @@ class GatewaySettings(BaseSettings):
     max_heartbeat_models: int = 128  # loaded_models entries in one heartbeat
     startup_hold_s: float = 0.0  # until a first node is ready, hold requests this long
     max_request_bytes: int = 1 << 20
+    # Async batch: Workers AI takes batches under 10 MB; answers are kept this long to poll.
+    max_batch_bytes: int = 10 << 20
+    batch_retention_s: float = Field(86400.0, gt=0)
     catalog: Path | None = None
 
 

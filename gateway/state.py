@@ -10,6 +10,7 @@ from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import all_cities
 from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.auth import Authenticator
+from edgefire.gateway.batches import BatchStore
 from edgefire.gateway.cache import make_cache
 from edgefire.gateway.db import Database
 from edgefire.gateway.gateways import GatewayStore
@@ -41,6 +42,7 @@ class GatewayState:
     http: httpx.AsyncClient
     redis_health: RedisHealth | None  # None: no Redis configured
     node_credentials: NodeCredentials
+    batches: BatchStore
 
     @classmethod
     def build(cls, settings: GatewaySettings, db: Database | None = None) -> GatewayState:
@@ -64,7 +66,11 @@ class GatewayState:
                         if settings.redis_url else None)
         return cls(settings, catalog, db, accounts, gateways, logs, Authenticator(accounts),
                    directory, ClientLocator(config["ip_map"], cities), providers, pipeline, http,
-                   redis_health, credentials)
+                   redis_health, credentials, BatchStore(db, settings.batch_retention_s))
+
+    def interactive_waiting(self) -> bool:
+        """A routable node has interactive requests queued: batch work waits for it."""
+        return any(node.waiting > 0 for node in self.directory.healthy())
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -58,12 +58,10 @@ def test_malformed_json_mode_is_refused_by_name(parse, body, field):
 
 
 @pytest.mark.parametrize(("parse", "base", "field", "value"), [
-    (parse_run, {"prompt": "x"}, "tools", [{"name": "f", "parameters": {}}]),
+    (parse_run, {"prompt": "x"}, "functions", [{"name": "f", "code": "return 1"}]),
     (parse_run, {"prompt": "x"}, "lora", "my-adapter"),
     (parse_run, {"prompt": "x"}, "image", [1, 2, 3]),
-    (parse_chat, {"model": "m", "messages": MESSAGES}, "tools",
-     [{"type": "function", "function": {"name": "f"}}]),
-    (parse_chat, {"model": "m", "messages": MESSAGES}, "tool_choice", "required"),
+    (parse_chat, {"model": "m", "messages": MESSAGES}, "function_call", "auto"),
     (parse_chat, {"model": "m", "messages": MESSAGES}, "logprobs", True),
     (parse_chat, {"model": "m", "messages": MESSAGES}, "logit_bias", {"50256": -100}),
     (parse_chat, {"model": "m", "messages": MESSAGES}, "reasoning_effort", "high"),
