@@ -19,10 +19,15 @@ README_GATEWAY = "127.0.0.1:8787"
 pytestmark = pytest.mark.slow
 
 
+def _blocks(lang: str, marker: str) -> list[str]:
+    """The README's `lang` code blocks that contain `marker`, in order."""
+    return [b for b in re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+            if marker in b]
+
+
 def _block(lang: str, marker: str) -> str:
     """The README's one `lang` code block that contains `marker`."""
-    blocks = [b for b in re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
-              if marker in b]
+    blocks = _blocks(lang, marker)
     assert len(blocks) == 1, f"README: expected one {lang} block with {marker!r}"
     return blocks[0]
 
@@ -43,10 +48,13 @@ def _run(fleet: Fleet, argv: list[str], source: str) -> str:
 
 def test_the_curl_examples(fleet):
     # curl exits 0 on an HTTP error; --fail-with-body makes an error answer fail the block.
+    # The first block sets $AI and $TOKEN; the later ones (JSON mode) use them.
+    talk, *more = _blocks("bash", "curl $AI/run")
     script = ('set -euo pipefail\ncurl() { command curl -sS --fail-with-body "$@"; echo; }\n'
-              + _block("bash", "curl $AI/run"))
+              + "\n".join([talk, *more]))
     out = _run(fleet, ["bash", "-c"], script)
     assert '"success":true' in out and "data: [DONE]" in out and '"shape":[2,384]' in out
+    assert more and '"finish_reason":"stop"' in out
 
 
 def test_the_openai_client_example(fleet):

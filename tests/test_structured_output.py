@@ -130,7 +130,8 @@ def test_json_object_and_guided_json(base_url):
         assert plain["success"], plain
         plain = plain["result"]
         guided = client.post(RUN, json={"prompt": "Pick a colour.", "max_tokens": 32,
-                                        "guided_json": SCHEMAS["colour"]}).json()["result"]
+                                        "guided_json": SCHEMAS["colour"],
+                                        "seed": 1}).json()["result"]
     assert isinstance(plain["response"], dict)
     assert guided["response"]["colour"] in ("red", "green", "blue")
 
@@ -152,7 +153,7 @@ def test_openai_client_json_schema_and_free_text_share_a_batch(base_url):
         model=SMOL, messages=[{"role": "user", "content": "A point in the plane as JSON."}],
         response_format={"type": "json_schema", "json_schema": {
             "name": "point", "schema": SCHEMAS["point"], "strict": True}},
-        max_tokens=64, temperature=0.8, n=2)
+        max_tokens=96, temperature=0.8, n=2, seed=5)
     for choice in completion.choices:
         assert choice.finish_reason == "stop"
         point = json.loads(choice.message.content)  # OpenAI's form: JSON text
