@@ -25,6 +25,7 @@ from edgefire.contract.errors import (
     UnknownModelError,
     UpstreamError,
 )
+from edgefire.contract.headers import PROMPT_TOKENS
 from edgefire.contract.http_errors import is_openai_path
 from edgefire.gateway.cache import (
     CachedResponse,
@@ -40,7 +41,7 @@ from edgefire.gateway.providers.base import Provider, UpstreamRequest, UpstreamR
 from edgefire.gateway.ratelimit import RateLimiter
 from edgefire.gateway.retries import RetryPolicy, send_with_retries
 from edgefire.gateway.stream_guard import guarded
-from edgefire.gateway.usage import Tokens, tokens_from_json, tokens_from_sse
+from edgefire.gateway.usage import StreamMeter, Tokens, tokens_from_json
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +185,11 @@ class Pipeline:
     async def _relay(self, upstream: UpstreamResponse, record: LogRecord | None, step: Step,
                      started: float, openai: bool) -> AsyncIterator[bytes]:
         tail = b""
+        meter = StreamMeter(upstream.headers.get(PROMPT_TOKENS))
         try:
             async for chunk in guarded(upstream.chunks, upstream.headers, openai):
                 tail = (tail + chunk)[-_TAIL_BYTES:]
+                meter.feed(chunk)
                 yield chunk
         finally:
             # A client that leaves cancels this body; the upstream and the log still close.
@@ -194,7 +197,7 @@ class Pipeline:
                 if upstream.close is not None:
                     await upstream.close()
                 if record is not None:
-                    self._finish_log(record, step, tokens_from_sse(tail), started)
+                    self._finish_log(record, step, meter.tokens(tail), started)
 
     def _collect(self, request: GatewayRequest, step: Step) -> bool:
         if request.gateway is None:

@@ -1,8 +1,10 @@
-"""Token counts read back from an upstream answer (JSON body or the tail of an SSE stream)."""
+"""Token counts read back from an upstream answer (JSON body or the tail of an SSE stream), and
+for a stream that ends before its usage event, counted from what was relayed."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 
@@ -36,6 +38,32 @@ def tokens_from_sse(tail: bytes) -> Tokens:
             except ValueError:
                 continue
     return Tokens()
+
+
+# An event that carries text: a native `{"response": "…"}` or an OpenAI `"content": "…"` delta.
+_TEXT_EVENT = re.compile(rb'^data: \{.*"(?:response|content)":"(?:[^"\\]|\\.)', re.M)
+
+
+class StreamMeter:
+    """Counts a relayed stream's text events. The node sends one per token that makes text,
+    so a stream cut short (the client left) is charged at least what it was sent."""
+
+    def __init__(self, prompt_tokens: str | None) -> None:
+        self.prompt_tokens = int(prompt_tokens) if (prompt_tokens or "").isdigit() else 0
+        self.text_events = 0
+        self._partial = b""  # a line split between chunks
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        self.text_events += len(_TEXT_EVENT.findall(b"\n".join(lines)))
+
+    def tokens(self, tail: bytes) -> Tokens:
+        """The stream's usage event if it reached one, else the relayed count."""
+        reported = tokens_from_sse(tail)
+        if reported.tokens_in or reported.tokens_out:
+            return reported
+        return Tokens(self.prompt_tokens, self.text_events)
 
 
 def _tokens(usage: object) -> Tokens:

@@ -237,3 +237,69 @@ def test_a_killed_node_stops_receiving_traffic_and_its_request_is_retried(fleet)
     time.sleep(1.5)  # past the heartbeat timeout
     assert [n.city for n in fleet.state.directory.healthy()] == ["sin"]
     assert _log(fleet, account_id, _run(client, account_id, country="DE")).node == "sin"
+
+
+def test_json_mode_tool_calls_and_a_batch_through_the_gateway_with_the_binding(fleet):
+    import jsonschema_rs
+
+    from edgefire import AI
+
+    account_id, token = fleet.accounts["a"]
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0}},
+              "required": ["name", "age"], "additionalProperties": False}
+    weather = {"name": "get_weather", "description": "The weather in a city",
+               "parameters": {"type": "object", "properties": {
+                   "city": {"type": "string", "maxLength": 24}}, "required": ["city"],
+                   "additionalProperties": False}}
+
+    async def scenario() -> tuple[dict, dict, dict]:
+        async with AI(fleet.gateway_url, account_id, token) as ai:
+            json_mode = await ai.run(SMOL, {
+                "messages": [{"role": "user", "content": "A person as JSON."}],
+                "response_format": {"type": "json_schema", "json_schema": person},
+                "max_tokens": 64, "temperature": 0}, {"gateway": {"id": "default"}})
+            called = await ai.run(SMOL, {
+                "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                "tools": [weather], "tool_choice": "required", "parallel_tool_calls": False,
+                "max_tokens": 64, "temperature": 0})
+            queued = await ai.run(SMOL, {"requests": [
+                {"prompt": "Say hi.", "max_tokens": 4, "temperature": 0},
+                {"prompt": "Say bye.", "max_tokens": 4, "external_reference": "bye"}]},
+                {"queueRequest": True})
+            assert queued["status"] == "queued"
+            for _ in range(300):
+                polled = await ai.run(SMOL, {"request_id": queued["request_id"]})
+                if "responses" in polled:
+                    break
+                await asyncio.sleep(0.1)
+        return json_mode, called, polled
+
+    json_mode, called, polled = asyncio.run(scenario())
+    assert jsonschema_rs.validator_for(person).is_valid(json_mode["response"])
+    [call] = called["tool_calls"]
+    assert call["name"] == "get_weather" and called["finish_reason"] == "tool_calls"
+    assert jsonschema_rs.validator_for(weather["parameters"]).is_valid(call["arguments"])
+    first, second = polled["responses"]
+    assert first["success"] and first["result"]["response"] and first["id"] == 0
+    assert second["external_reference"] == "bye" and second["result"]["usage"]
+    assert polled["usage"]["total_tokens"] == sum(
+        r["result"]["usage"]["total_tokens"] for r in polled["responses"])
+
+
+def test_a_stream_the_client_leaves_is_logged_with_its_tokens_and_cost(fleet):
+    account_id, client = fleet.client()
+    url = f"/v1/{account_id}/default/workers-ai/{SMOL}"
+    with client.stream("POST", url, json={"prompt": "Tell a long story.", "stream": True,
+                                          "max_tokens": 200, "temperature": 0}) as response:
+        log_id = response.headers["cf-aig-log-id"]
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith('data: {"response":"') and line != 'data: {"response":""}'
+            if events == 5:
+                break  # the client leaves mid-answer: no usage event reaches the gateway
+    deadline = time.monotonic() + 10
+    while (record := fleet.state.logs.get(account_id, "default", log_id)) is None:
+        assert time.monotonic() < deadline, "the stream's log was not written"
+        time.sleep(0.05)
+    assert record.tokens_in > 0 and 5 <= record.tokens_out < 200 and record.cost > 0

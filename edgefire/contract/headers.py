@@ -7,6 +7,9 @@ NODE_SECRET = "x-edgefire-node-secret"
 # On every inference answer: the precision of the weights that made it
 # (edgefire.runtime.weight_precision names the values).
 WEIGHT_PRECISION = "x-edgefire-weight-precision"
+# On a streamed answer: its prompt's token count, known before the first event. With the
+# events relayed, the gateway can still count a stream the client left before its usage event.
+PROMPT_TOKENS = "x-edgefire-prompt-tokens"
 # Workers AI's request id on an answer; the gateway passes it through.
 REQUEST_ID = "cf-ai-req-id"
 # A conversation's key: the gateway keeps it on the node holding its prefix cache.

@@ -21,6 +21,7 @@ from starlette.types import Receive
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.disconnect import unless_disconnected
 from edgefire.contract.errors import CapacityError
+from edgefire.contract.headers import PROMPT_TOKENS, WEIGHT_PRECISION
 from edgefire.contract.http_errors import time_limit
 from edgefire.contract.text_generation import TextGenerationRequest
 from edgefire.runtime.engine.outputs import RequestOutput, Usage
@@ -57,10 +58,11 @@ class _Choice:
 class Generation:
     """The engine requests of one API call (one per choice), holding the model until closed."""
 
-    def __init__(self, served: ServedLM, stack: AsyncExitStack) -> None:
+    def __init__(self, served: ServedLM, stack: AsyncExitStack, num_prompt_tokens: int) -> None:
         self._served = served
         self._stack = stack
         self._choices: list[_Choice] = []
+        self.num_prompt_tokens = num_prompt_tokens
 
     @property
     def num_choices(self) -> int:
@@ -69,6 +71,12 @@ class Generation:
     @property
     def weight_precision(self) -> str:
         return self._served.weight_precision
+
+    @property
+    def stream_headers(self) -> dict[str, str]:
+        """What a streamed answer says up front: the weights' precision, the prompt's size."""
+        return {WEIGHT_PRECISION: self.weight_precision,
+                PROMPT_TOKENS: str(self.num_prompt_tokens)}
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
             salt: bytes, timer: RequestTimer) -> None:
@@ -138,7 +146,7 @@ class TextGenerator:
             # and off the compute thread, which runs the engine steps.
             prompt_ids = await asyncio.to_thread(encode_prompt, served.tokenizer, request.prompt,
                                                  served.max_model_len, served.max_token_chars)
-            generation = Generation(served, stack)
+            generation = Generation(served, stack, len(prompt_ids))
             salt = self.prefix_cache_salt(account_id)
             for p in params:
                 timer = self.metrics.timer(spec.id, started)

@@ -51,7 +51,7 @@ class WorkersAIRoutes:
             generation = await self.text.start(account_id, spec, inputs)
             events = _tool_events(generation) if inputs.calls_tools else _events(generation)
             return EventStream(events, generation.close, openai=False,
-                               headers={WEIGHT_PRECISION: generation.weight_precision})
+                               headers=generation.stream_headers)
         completed = await self.text.complete(request.receive, account_id, spec, inputs)
         [done] = completed.choices
         if inputs.calls_tools:

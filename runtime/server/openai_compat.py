@@ -43,8 +43,7 @@ class OpenAIRoutes:
             head["system_fingerprint"] = fingerprint(precision)
             return EventStream(_chunks(generation, head, inputs.include_usage,
                                        inputs.calls_tools),
-                               generation.close, openai=True,
-                               headers={WEIGHT_PRECISION: precision})
+                               generation.close, openai=True, headers=generation.stream_headers)
         done = await self.text.complete(request.receive, account_id, spec, inputs)
         head["system_fingerprint"] = fingerprint(done.weight_precision)
         return JSONResponse(_completion(head, done.choices, inputs.calls_tools),
