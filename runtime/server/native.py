@@ -82,7 +82,7 @@ async def _events(generation: Generation) -> AsyncIterator[dict]:
 
 def _tool_result(done: Completion) -> dict[str, Any]:
     """Workers AI's native form of a tools answer: calls with their arguments as objects."""
-    answer = tool_calls.read_answer(done.text, done.finish_reason)
+    answer = tool_calls.read_answer(done.text)
     return {"response": answer.text, "tool_calls": answer.calls,
             "finish_reason": "tool_calls" if answer.calls else done.finish_reason}
 

@@ -78,7 +78,7 @@ def _message(done: Completion, tools: bool) -> tuple[dict, str]:
     (ids, arguments as JSON text) and finish_reason "tool_calls" when it made any."""
     if not tools:
         return {"role": "assistant", "content": done.text, "refusal": None}, done.finish_reason
-    answer = tool_calls.read_answer(done.text, done.finish_reason)
+    answer = tool_calls.read_answer(done.text)
     message = {"role": "assistant", "content": answer.text or None, "refusal": None}
     if not answer.calls:
         return message, done.finish_reason

@@ -12,7 +12,6 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edgefire.contract.errors import InvalidInputError
 from edgefire.contract.text_generation import TextGenerationRequest
 from edgefire.contract.tools import Tool, ToolChoice
 
@@ -71,18 +70,16 @@ def answer_schema(tools: tuple[Tool, ...], choice: ToolChoice) -> dict[str, Any]
     return {"anyOf": [tool_calls, response]}
 
 
-def read_answer(text: str, finish_reason: str) -> ToolAnswer:
-    """The calls (or the words) in an answer made under answer_schema. An answer in words cut
-    short by max_tokens is kept, as a free answer would be; a cut call is no call at all."""
+def read_answer(text: str) -> ToolAnswer:
+    """The calls (or the words) in an answer made under answer_schema. The grammar makes every
+    whole answer parse, so one that does not was cut by max_tokens: words are kept as a free
+    answer's would be, a cut call is no call (its text is returned, finish_reason "length")."""
     try:
         answer = json.loads(text)
     except ValueError:
-        # The grammar makes every whole answer parse: only one cut short does not.
         if text.startswith(_WORDS):
             return ToolAnswer(_string_prefix(text[len(_WORDS):]), [])
-        raise InvalidInputError(
-            f"the tool call could not be completed: the answer ended ({finish_reason}) "
-            "before its JSON was whole; raise max_tokens", field="max_tokens") from None
+        return ToolAnswer(text, [])
     if "tool_calls" in answer:
         return ToolAnswer("", answer["tool_calls"])
     return ToolAnswer(answer["response"], [])
