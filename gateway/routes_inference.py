@@ -40,18 +40,19 @@ class InferenceRoutes:
 
     # Workers AI REST (`/client/v4/accounts/{acct}/ai/…`); cf-aig-gateway-id opts into a gateway.
     async def run(self, request: Request) -> Response:
-        self._account(request)  # before reading a body of up to max_batch_bytes
+        account_id = self._account(request)  # before reading a body of up to max_batch_bytes
         queued = request.query_params.get("queueRequest", "").lower() == "true"
         settings = self.state.settings
         body = await read_body(request, settings.max_batch_bytes if queued
                                else settings.max_request_bytes)
-        batch = await self._batch(request, body, queued)
+        batch = await self._batch(request, account_id, body, queued)
         if batch is not None:
             return batch
         return await self._workers_ai(request, request.path_params["model"], "Workers AI REST",
-                                      body)
+                                      account_id, body)
 
-    async def _batch(self, request: Request, body: bytes, queued: bool) -> Response | None:
+    async def _batch(self, request: Request, account_id: str, body: bytes,
+                     queued: bool) -> Response | None:
         """Async batch (gateway/batches.py): `?queueRequest=true` with `{requests}` queues,
         `{request_id}` (with or without the query) polls; None for an interactive call."""
         if not queued and len(body) > _MAX_POLL_BYTES:
@@ -62,7 +63,6 @@ class InferenceRoutes:
             data = None
         if not queued and not (isinstance(data, dict) and set(data) == {"request_id"}):
             return None
-        account_id = self._account(request)
         if not isinstance(data, dict):
             raise InvalidInputError("the request body must be a JSON object", field="body")
         batches = self.state.batches
@@ -109,8 +109,8 @@ class InferenceRoutes:
         return await self.catalog.schema(request)
 
     async def _workers_ai(self, request: Request, path: str, request_type: str,
-                          body: bytes | None = None) -> Response:
-        account_id = self._account(request)
+                          account_id: str | None = None, body: bytes | None = None) -> Response:
+        account_id = account_id or self._account(request)
         gateway_id = request.headers.get("cf-aig-gateway-id")
         gateway = self._authorized(request, account_id, gateway_id) if gateway_id else None
         if body is None:
