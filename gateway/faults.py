@@ -208,7 +208,9 @@ class _Faulty:
         return await self.inner.send(request)
 
     def _answer(self, error: EdgefireError) -> UpstreamResponse:
-        body = json.dumps(error_body(error, self.openai)).encode()
+        # Serialised as the node's JSONResponse serialises its errors.
+        body = json.dumps(error_body(error, self.openai), ensure_ascii=False,
+                          separators=(",", ":")).encode()
         return UpstreamResponse(error.status, {"content-type": "application/json"}, body)
 
 

@@ -9,6 +9,7 @@ import contextlib
 import json
 import random
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -292,3 +293,12 @@ def test_a_bad_rule_stops_the_gateway_from_starting(tmp_path, rule):
     with pytest.raises(ConfigError, match=r"faults\[0\]"):
         GatewayState.build(GatewaySettings(gateway_config=config, redis_url=None,
                                            fault_injection=True), db=Database(":memory:"))
+
+
+def test_an_injected_answer_is_byte_for_byte_the_readme_example(fleet):
+    gw, _ = fleet
+    with gw.client() as client:
+        response = client.post(f"/client/v4/accounts/{gw.account_id}/ai/run/{SMOL}",
+                               json={"prompt": "Hi"}, headers={FAULT: "capacity"})
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"# HTTP/1.1 429 … {response.text}\n" in readme
