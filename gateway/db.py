@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS logs (
     metadata TEXT NOT NULL,
     step INTEGER,
     node TEXT,
+    stand_in TEXT,
     created_at REAL NOT NULL,
     FOREIGN KEY (account_id, gateway_id) REFERENCES gateways (account_id, id) ON DELETE CASCADE
 );
@@ -65,6 +66,9 @@ CREATE INDEX IF NOT EXISTS logs_by_model ON logs (account_id, gateway_id, model,
 -- Retention by age deletes the oldest logs of every gateway.
 CREATE INDEX IF NOT EXISTS logs_by_time ON logs (created_at);
 """
+
+# (table, column, type) added to an existing database on open; new databases have them.
+_ADDED_COLUMNS = (("logs", "stand_in", "TEXT"),)
 
 Params = Sequence[object]
 
@@ -89,6 +93,14 @@ class Database:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.executescript(SCHEMA)
+            self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since a database was created (CREATE IF NOT EXISTS keeps old tables)."""
+        for table, column, kind in _ADDED_COLUMNS:
+            have = {row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run one statement; the number of rows it changed."""

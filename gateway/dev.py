@@ -24,6 +24,7 @@ from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.db import Database
 from edgefire.gateway.routing.directory import NodeDirectory
 from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.stand_in import DEV_STAND_IN
 
 if TYPE_CHECKING:
     import uvicorn
@@ -57,6 +58,18 @@ def ensure_dev_account(db: Database, dev_file: Path, gateway_url: str | None = N
     return fresh
 
 
+def apply_dev_defaults(settings: GatewaySettings) -> None:
+    """What `edge-gateway dev` turns on unless the environment says otherwise (an empty
+    EDGEFIRE_STAND_IN_MODEL turns stand-ins off): a start-up hold, a stand-in model and fault
+    injection. `edge-gateway start` has none of them."""
+    if "startup_hold_s" not in settings.model_fields_set:
+        settings.startup_hold_s = DEV_STARTUP_HOLD_S
+    if "stand_in_model" not in settings.model_fields_set:
+        settings.stand_in_model = DEV_STAND_IN
+    if "fault_injection" not in settings.model_fields_set:
+        settings.fault_injection = True
+
+
 async def wait_for_fleet(directory: NodeDirectory, processes: dict[str, subprocess.Popen],
                          poll_s: float = _POLL_S) -> None:
     """Return once every city in processes is routable; NodeExitedError if one exits first."""
@@ -83,8 +96,7 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
     if not settings.node_secret:
         settings.node_secret = secrets.token_urlsafe(24)  # gateway and its nodes share it
     settings.admin_token = settings.admin_token or dev["admin_token"]
-    if "startup_hold_s" not in settings.model_fields_set:
-        settings.startup_hold_s = DEV_STARTUP_HOLD_S
+    apply_dev_defaults(settings)
     env = {**os.environ, "EDGEFIRE_GATEWAY_URL": base, "EDGEFIRE_NODE_SECRET": settings.node_secret}
     state = GatewayState.build(settings)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,

@@ -62,6 +62,7 @@ class LogRecord:
     metadata: dict = field(default_factory=dict)
     step: int | None = None
     node: str | None = None  # the edge node that served the request (an emulator extension)
+    stand_in: str | None = None  # the model that answered for `model` (edgefire.gateway.stand_in)
     created_at: float = field(default_factory=time.time)
     id: str = ""  # assigned from created_at when left empty
 
@@ -87,6 +88,7 @@ class LogRecord:
             "metadata": json.dumps(self.metadata) if self.metadata else None,
             "step": self.step,
             "node": self.node,
+            "stand_in": self.stand_in,
             "created_at": iso_time(self.created_at),
         }
 

@@ -41,6 +41,8 @@ _AIG_HEADERS = [parameter(name, "header", description=text) for name, text in (
     ("cf-aig-backoff", "constant, linear or exponential"),
     ("cf-aig-request-timeout", "milliseconds, 1..600000"),
     ("x-session-affinity", "keeps a conversation on the node holding its prefix cache"),
+    ("x-edgefire-fault", "fail as production does: capacity, rate-limit, timeout, server-error "
+     "or stream-cut, and/or latency=MS (EDGEFIRE_FAULT_INJECTION; refused when off)"),
 )]
 _OPENAI_OR_ENVELOPE = {"oneOf": [ENVELOPE_ERROR, OPENAI_ERROR]}
 

@@ -25,7 +25,7 @@ from edgefire.contract.errors import (
     UnknownModelError,
     UpstreamError,
 )
-from edgefire.contract.headers import PROMPT_TOKENS
+from edgefire.contract.headers import FAULT, PROMPT_TOKENS, STAND_IN
 from edgefire.contract.http_errors import is_openai_path
 from edgefire.gateway.cache import (
     CachedResponse,
@@ -34,6 +34,7 @@ from edgefire.gateway.cache import (
     cache_key,
     parse_cache_headers,
 )
+from edgefire.gateway.faults import FaultInjector, FaultPlan, parse_fault
 from edgefire.gateway.gateways import GatewayConfig
 from edgefire.gateway.logs import LogRecord, LogStore
 from edgefire.gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
@@ -62,12 +63,14 @@ class Step:
     # before any upstream call, not an error after the answer.
     metadata: dict = field(default_factory=dict)
     custom_cost: dict | None = None
+    fault: FaultPlan | None = None  # x-edgefire-fault (edgefire.gateway.faults)
 
     @classmethod
     def of(cls, provider: str, request: UpstreamRequest, model: str | None, retry: RetryPolicy,
            headers: Mapping[str, str]) -> Step:
         return cls(provider, request, model, retry, headers, parse_metadata(headers),
-                   parse_custom_cost(headers.get("cf-aig-custom-cost")))
+                   parse_custom_cost(headers.get("cf-aig-custom-cost")),
+                   parse_fault(headers.get(FAULT)))
 
 
 @dataclass(slots=True)
@@ -89,16 +92,19 @@ class _Answer:
 
 class Pipeline:
     def __init__(self, providers: dict[str, Provider], cache: ResponseCache,
-                 limiter: RateLimiter, logs: LogStore, catalog: Catalog) -> None:
+                 limiter: RateLimiter, logs: LogStore, catalog: Catalog,
+                 faults: FaultInjector | None = None) -> None:
         self.providers = providers
         self.cache = cache
         self.limiter = limiter
         self.logs = logs
         self.catalog = catalog
+        self.faults = faults or FaultInjector(False, [], catalog)
 
     async def handle(self, request: GatewayRequest) -> Response:
         started = time.perf_counter()
         check_attempts(request)
+        self.faults.check(step.fault for step in request.steps)
         await self._charge(request)  # the request itself, answered from the cache or not
         answer = await self._first_answer(request)
         return self._respond(request, answer, started)
@@ -153,6 +159,8 @@ class Pipeline:
             hit = await self.cache.get(key)
             if hit is not None:
                 return _Answer(UpstreamResponse(hit.status, hit.headers, hit.body), index, True)
+        # An injected fault takes the place of an upstream attempt, inside the retries.
+        provider = self.faults.wrap(provider, step.fault, step.model, _speaks_openai(step))
         response = await send_with_retries(provider, step.request, step.retry, before_attempt)
         if key is not None and response.status == 200:
             await self.cache.set(key, CachedResponse(response.status, response.headers,
@@ -213,7 +221,8 @@ class Pipeline:
             model=step.model or "", path=request.path, request_type=request.request_type,
             status_code=answer.response.status, success=answer.response.ok,
             cached=answer.cached, metadata=step.metadata,
-            step=answer.step if request.universal else None, node=answer.response.node)
+            step=answer.step if request.universal else None, node=answer.response.node,
+            stand_in=answer.response.headers.get(STAND_IN))
 
     def _finish_log(self, record: LogRecord, step: Step, tokens: Tokens, started: float) -> None:
         record.tokens_in, record.tokens_out = tokens.tokens_in, tokens.tokens_out
@@ -232,6 +241,12 @@ class Pipeline:
         except UnknownModelError:
             price = None
         return cost_usd(price, tokens.tokens_in, tokens.tokens_out, tokens.cached_in)
+
+
+def _speaks_openai(step: Step) -> bool:
+    """Whether the step's upstream answers errors in OpenAI's shape: every provider does but
+    the fleet on its native run path (`@cf/…`, not `v1/…`)."""
+    return step.provider != "workers-ai" or step.request.path.lstrip("/").startswith("v1/")
 
 
 def check_attempts(request: GatewayRequest) -> None:

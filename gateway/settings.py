@@ -41,12 +41,20 @@ class GatewaySettings(BaseSettings):
     max_batch_bytes: int = 10 << 20
     batch_retention_s: float = Field(86400.0, gt=0)
     catalog: Path | None = None
+    # A runnable text-generation model that answers for one no node can host (planning-only,
+    # or larger than every live node's budget); unset or empty: such requests are refused.
+    # `edge-gateway dev` defaults it to SmolLM2 (gateway/stand_in.py).
+    stand_in_model: str | None = None
+    # x-edgefire-fault and gateway.yaml `faults:` (gateway/faults.py); on in `edge-gateway dev`.
+    fault_injection: bool = False
 
 
 def load_gateway_yaml(path: Path | None) -> dict:
     """`providers: {name: {type, base_url, api_key_env, allowed_paths}}`, `ip_map:
-    {ip_or_prefix: city}` and `nodes: {city: {secret_env}}` (a city's own node credential)."""
+    {ip_or_prefix: city}`, `nodes: {city: {secret_env}}` (a city's own node credential) and
+    `faults: [{model, fault, every | probability, seed}]` (edgefire.gateway.faults)."""
     if path is None:
-        return {"providers": {}, "ip_map": {}, "nodes": {}}
+        return {"providers": {}, "ip_map": {}, "nodes": {}, "faults": []}
     data = yaml.safe_load(Path(path).read_text()) or {}
-    return {name: data.get(name) or {} for name in ("providers", "ip_map", "nodes")}
+    return {**{name: data.get(name) or {} for name in ("providers", "ip_map", "nodes")},
+            "faults": data.get("faults") or []}

@@ -13,6 +13,7 @@ from edgefire.gateway.auth import Authenticator
 from edgefire.gateway.batches import BatchStore
 from edgefire.gateway.cache import make_cache
 from edgefire.gateway.db import Database
+from edgefire.gateway.faults import FaultInjector, load_rules
 from edgefire.gateway.gateways import GatewayStore
 from edgefire.gateway.logs import LogRetention, LogStore
 from edgefire.gateway.node_auth import NodeCredentials
@@ -59,9 +60,12 @@ class GatewayState:
             max_models=settings.max_heartbeat_models, startup_hold_s=settings.startup_hold_s)
         cities = {c.code: (c.lat, c.lon) for c in all_cities()}
         http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
-        providers = _providers(catalog, http, directory, credentials, config["providers"])
+        providers = _providers(catalog, http, directory, credentials, config["providers"],
+                               settings.stand_in_model or None)
+        faults = FaultInjector(settings.fault_injection, load_rules(config["faults"], catalog),
+                               catalog)
         pipeline = Pipeline(providers, make_cache(settings), make_rate_limiter(settings), logs,
-                            catalog)
+                            catalog, faults)
         redis_health = (RedisHealth(settings.redis_url, settings.redis_timeout_s)
                         if settings.redis_url else None)
         return cls(settings, catalog, db, accounts, gateways, logs, Authenticator(accounts),
@@ -86,12 +90,13 @@ def _retention(settings: GatewaySettings) -> LogRetention:
 
 
 def _providers(catalog: Catalog, http: httpx.AsyncClient, directory: NodeDirectory,
-               credentials: NodeCredentials, configured: dict) -> dict[str, Provider]:
+               credentials: NodeCredentials, configured: dict,
+               stand_in_model: str | None) -> dict[str, Provider]:
     """`workers-ai` always; each gateway.yaml provider by its `type` (a provider plugin)."""
     factories = load_gateway_plugins().providers
 
     def context(section: dict) -> ProviderContext:
-        return ProviderContext(catalog, http, directory, credentials, section)
+        return ProviderContext(catalog, http, directory, credentials, section, stand_in_model)
 
     providers = {"workers-ai": factories.get("workers-ai")("workers-ai", context({}))}
     for name, section in configured.items():

@@ -12,6 +12,10 @@ WEIGHT_PRECISION = "x-edgefire-weight-precision"
 PROMPT_TOKENS = "x-edgefire-prompt-tokens"
 # Workers AI's request id on an answer; the gateway passes it through.
 REQUEST_ID = "cf-ai-req-id"
+# On an answer made by a stand-in model (the requested one cannot run here): the stand-in's id.
+STAND_IN = "x-edgefire-stand-in"
+# A request asking the gateway to fail it as production would (edgefire.gateway.faults).
+FAULT = "x-edgefire-fault"
 # A conversation's key: the gateway keeps it on the node holding its prefix cache.
 SESSION_AFFINITY = "x-session-affinity"
 

@@ -54,6 +54,7 @@ class ProviderContext:
     directory: object  # edgefire.gateway.routing.directory.NodeDirectory
     node_credentials: NodeCredentials  # which secret to send to each node
     settings: dict  # this provider's section of gateway.yaml
+    stand_in_model: str | None = None  # EDGEFIRE_STAND_IN_MODEL (edgefire.gateway.stand_in)
 
 
 class Provider(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from edgefire.contract.errors import (
     FleetStartingError,
@@ -10,13 +11,14 @@ from edgefire.contract.errors import (
     NoNodeError,
     UpstreamError,
 )
-from edgefire.contract.headers import NODE_SECRET
+from edgefire.contract.headers import NODE_SECRET, STAND_IN
 from edgefire.gateway.providers.base import (
     ProviderContext,
     UpstreamRequest,
     UpstreamResponse,
     forward,
 )
+from edgefire.gateway.stand_in import StandIns
 
 _OPENAI_PATHS = ("v1/chat/completions", "v1/embeddings")
 
@@ -26,12 +28,16 @@ class WorkersAIProvider:
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
+        self.stand_ins = StandIns(context.catalog, context.stand_in_model)
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         """Try the best node; if it cannot be reached, mark it and try the next one once."""
         model_id = _model_of(request)
-        # Unknown (5007) or planning-only (5018): said before any node is bothered.
-        spec = self.context.catalog.get_runnable(model_id)
+        # Unknown (5007), or no node can host it and no stand-in may (5018): said before any
+        # node is bothered.
+        spec, stood_in = self.stand_ins.serving(model_id, self.context.directory)
+        if stood_in:
+            request = _for_stand_in(request, spec.id)
         need = int(spec.extra.get("memory_mib", 0)) << 20
         directory = self.context.directory
         session = (request.account_id, request.session_id) if request.session_id else None
@@ -54,6 +60,8 @@ class WorkersAIProvider:
                 continue
             if session and response.ok:
                 directory.pin(*session, node.city)
+            if stood_in:
+                response.headers[STAND_IN] = spec.id
             return response
         raise last or NoNodeError()
 
@@ -69,6 +77,14 @@ class WorkersAIProvider:
 def _node_path(request: UpstreamRequest) -> str:
     path = request.path.lstrip("/")
     return path if path in _OPENAI_PATHS else f"run/{path}"
+
+
+def _for_stand_in(request: UpstreamRequest, model: str) -> UpstreamRequest:
+    """request addressed to the stand-in: its run path, or its OpenAI body's `model`."""
+    path = request.path.lstrip("/")
+    if path not in _OPENAI_PATHS:
+        return replace(request, path=model)
+    return replace(request, body=json.dumps({**json.loads(request.body), "model": model}).encode())
 
 
 def _model_of(request: UpstreamRequest) -> str:
