@@ -256,3 +256,36 @@ def test_unknown_targets_and_methods_and_the_websocket_probe(fleet):
     probe = wrapped._send(WS_PROBE.format(host=gw.url.removeprefix("http://")))
     assert probe.status in (403, 404)  # Miniflare only tries it; no upgrade here
     assert wrapped.run({"prompt": "Hi"}).status == 200
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_injected_fault_reaches_the_worker_as_the_matching_error(serve, tmp_path, form):
+    """x-edgefire-fault (a Worker's run() `extraHeaders`) fails the call as production would."""
+    node = FakeNode()
+    with serve(node) as node_url, gateway(serve, tmp_path, node_secret=SECRET,
+                                          fault_injection=True) as gw:
+        gw.state.settings.binding_account = gw.account_id
+        gw.beat(heartbeat(node_url), SECRET).raise_for_status()
+        binding = Binding(gw, form)
+        body = json.dumps({"inputs": {"prompt": "Hi"}, "options": {}}).encode()
+        name = "x-edgefire-fault" if form == "direct" else "MF-Header-x-edgefire-fault"
+        for fault, status, code in (("capacity", 429, 3040), ("server-error", 500, 3001),
+                                    ("rate-limit", 429, 2003)):
+            head = binding._fill(DIRECT_POST if form == "direct" else WRAPPED_POST,
+                                 "/run?version=3", len(body))
+            head = head.replace("cf-consn-sdk-version: 2.0.0\r\n",
+                                f"cf-consn-sdk-version: 2.0.0\r\n{name}: {fault}\r\n", 1)
+            _is_error(binding._send(head, body), status, code)
+        assert node.bodies == []
+
+
+def test_a_model_no_node_can_run_is_answered_by_the_stand_in(serve, tmp_path):
+    node = FakeNode()
+    with serve(node) as node_url, gateway(serve, tmp_path, node_secret=SECRET,
+                                          stand_in_model=MODEL) as gw:
+        gw.state.settings.binding_account = gw.account_id
+        gw.beat(heartbeat(node_url), SECRET).raise_for_status()
+        answer = Binding(gw, "direct").run({"prompt": "Hi"}, model="@cf/meta/llama-3.1-8b-instruct")
+    assert answer.status == 200 and answer.json() == {"response": "answer 1"}
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.headers["x-edgefire-stand-in"] == MODEL

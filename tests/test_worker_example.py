@@ -1,7 +1,8 @@
 """examples/worker run for real: its npm packages installed, a private `make run` fleet, and the
 Worker under `wrangler dev --env offline` (the plugin's external service) and under
 Miniflare's JS API (remoteProxyConnectionString). Each way: a SmolLM2 answer, a stream, an AI
-Gateway cache HIT seen in the gateway's log, and a bad input thrown as InferenceUpstreamError.
+Gateway cache HIT seen in the gateway's log, and a bad input and an injected fault thrown as
+InferenceUpstreamError with their codes.
 Needs Node 20+ and npm (the npm registry once; later runs reuse node_modules)."""
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def _paths(tag: str) -> dict[str, str]:
     prompt = f"Name a colour. ({tag} {uuid.uuid4().hex[:8]})"
     return {"plain": "/?max_tokens=8", "stream": "/stream?max_tokens=8",
             "cached": f"/cached?max_tokens=8&prompt={prompt}", "error": "/error",
-            "models": "/models?search=smollm2"}
+            "fault": "/error?fault=capacity", "models": "/models?search=smollm2"}
 
 
 def _check(answers: dict[str, tuple[int, str | None, str]],
@@ -138,6 +139,8 @@ def _check(answers: dict[str, tuple[int, str | None, str]],
     status, _, body = answers["error"]
     assert status == 400 and json.loads(body)["name"] == "InferenceUpstreamError", body
     assert json.loads(body)["message"].startswith("5006: "), body
+    status, _, body = answers["fault"]  # make run's fleet has fault injection on
+    assert status == 400 and json.loads(body)["message"].startswith("3040: "), body
 
     status, _, body = answers["models"]
     assert status == 200 and MODEL_NAME in json.loads(body), body

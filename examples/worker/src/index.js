@@ -2,7 +2,7 @@
 // Miniflare with remoteProxyConnectionString) edgefire answers it; deployed, Workers AI does.
 //
 //   GET /          a plain run           GET /cached   a run through AI Gateway, cached
-//   GET /stream    a streamed run        GET /error    a bad input: the error run() throws
+//   GET /stream    a streamed run        GET /error    a bad input (or ?fault=): what run() throws
 //   GET /models    models() search
 // Each takes ?prompt= and ?max_tokens= where it runs the model.
 
@@ -38,9 +38,16 @@ async function cached(env, url) {
   return Response.json({ answer, logId, cached: log.cached, metadata: log.metadata });
 }
 
-async function error(env) {
+// A bad input; or, with ?fault=capacity (rate-limit, timeout, server-error), edgefire's fault
+// injection failing the call as production would, to exercise a Worker's retry code.
+async function error(env, url) {
+  const fault = url.searchParams.get("fault");
   try {
-    await env.AI.run(MODEL, { prompt: 42 });
+    if (fault) {
+      await env.AI.run(MODEL, inputs(url), { extraHeaders: { "x-edgefire-fault": fault } });
+    } else {
+      await env.AI.run(MODEL, { prompt: 42 });
+    }
     return Response.json({ error: null }, { status: 500 });
   } catch (e) {
     return Response.json({ name: e.name, message: e.message }, { status: 400 });
