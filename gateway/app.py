@@ -11,6 +11,7 @@ Gateway URL forms, gateway and log administration, and the nodes' heartbeat endp
   GET|DELETE …/gateways/{gateway}/logs, GET …/logs/{id}
   POST /internal/nodes/heartbeat, GET /internal/nodes, GET /health
   GET /openapi.json                               this list as OpenAPI (edgefire.gateway.openapi)
+  POST /run, /ai-gateway/run; GET /ai-api/models/search, …  a Worker's env.AI (routes_binding)
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from edgefire.contract.openapi import OPENAPI_PATH, serve_document
 from edgefire.gateway.batches import BatchWorker
 from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
 from edgefire.gateway.routes_admin import AdminRoutes
+from edgefire.gateway.routes_binding import BINDING_PATHS, BindingRoutes
 from edgefire.gateway.routes_inference import InferenceRoutes
 from edgefire.gateway.state import GatewayState
 
 
 def create_app(state: GatewayState) -> Starlette:
     infer, admin = InferenceRoutes(state), AdminRoutes(state)
+    binding = BindingRoutes(state, infer)
     gateways = f"{ACCOUNT}/ai-gateway/gateways"
     routes = [
         Route(f"{ACCOUNT}/ai/run/{{model:path}}", infer.run, methods=["POST"]),
@@ -59,6 +62,9 @@ def create_app(state: GatewayState) -> Starlette:
         Route("/internal/nodes", admin.nodes, methods=["GET"]),
         Route("/health", admin.health, methods=["GET"]),
         Route(OPENAPI_PATH, serve_document(gateway_document(state.catalog)), methods=["GET"]),
+        # A Worker's env.AI speaks workerd's binding protocol, not the REST API (no account in
+        # the path, bare results); it checks each call's method itself.
+        *(Route(path, binding.handle, methods=["GET", "POST"]) for path in BINDING_PATHS),
     ]
 
     worker = BatchWorker(state.batches, infer.run_batch_item, state.interactive_waiting)

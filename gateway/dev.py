@@ -97,6 +97,11 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
         settings.node_secret = secrets.token_urlsafe(24)  # gateway and its nodes share it
     settings.admin_token = settings.admin_token or dev["admin_token"]
     apply_dev_defaults(settings)
+    # A local Worker's env.AI (wrangler dev, Miniflare) sends no token: served as the dev
+    # account, from loopback (gateway/routes_binding.py); an empty EDGEFIRE_BINDING_ACCOUNT
+    # turns that off.
+    if "binding_account" not in settings.model_fields_set:
+        settings.binding_account = dev["account_id"]
     env = {**os.environ, "EDGEFIRE_GATEWAY_URL": base, "EDGEFIRE_NODE_SECRET": settings.node_secret}
     state = GatewayState.build(settings)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,

@@ -118,6 +118,16 @@ class InferenceRoutes:
         step = self._step(request, account_id, WORKERS_AI, path, body, request.headers)
         return await self._handle(account_id, gateway, request, request_type, [step])
 
+    async def binding_run(self, request: Request, account_id: str,
+                          gateway: GatewayConfig | None, model: str, body: bytes,
+                          headers: Mapping[str, str]) -> Response:
+        """A Worker's `env.AI.run` (gateway/routes_binding.py): a Workers AI REST call whose
+        account, gateway and cf-aig-* headers the binding route has already worked out."""
+        step = self._step(request, account_id, WORKERS_AI, model, body, headers)
+        call = GatewayRequest(account_id, gateway, f"/ai/run/{model}", "Workers AI Binding",
+                              [step])
+        return await unless_disconnected(request.receive, self.state.pipeline.handle(call))
+
     # AI Gateway (`/v1/{acct}/{gateway}/…`).
     async def provider(self, request: Request) -> Response:
         account_id, gateway = self._gateway_of(request)
@@ -184,12 +194,13 @@ class InferenceRoutes:
     def _authorized(self, request: Request, account_id: str, gateway_id: str) -> GatewayConfig:
         """The gateway, once its own authentication (cf-aig-authorization) passes, whichever
         route (AI Gateway URL or Workers AI REST with cf-aig-gateway-id) names it."""
-        gateway = self._gateway(account_id, gateway_id)
+        gateway = self.gateway(account_id, gateway_id)
         if gateway.authentication:
             self.state.auth.check(request.headers, account_id, gateway)
         return gateway
 
-    def _gateway(self, account_id: str, gateway_id: str) -> GatewayConfig:
+    def gateway(self, account_id: str, gateway_id: str) -> GatewayConfig:
+        """The account's gateway by id (`default` is created on first use); 1004 if none."""
         if gateway_id == "default":
             return self.state.gateways.get_or_create_default(account_id)
         gateway = self.state.gateways.get(account_id, gateway_id)

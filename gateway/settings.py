@@ -47,6 +47,10 @@ class GatewaySettings(BaseSettings):
     stand_in_model: str | None = None
     # x-edgefire-fault and gateway.yaml `faults:` (gateway/faults.py); on in `edge-gateway dev`.
     fault_injection: bool = False
+    # A Worker's env.AI calls (gateway/routes_binding.py) carry no account or token. When set,
+    # such a call from loopback is served as this account; `edge-gateway dev` sets it to the
+    # dev account, `edge-gateway start` leaves it unset (a token is then required).
+    binding_account: str | None = None
 
 
 def load_gateway_yaml(path: Path | None) -> dict:

@@ -28,7 +28,7 @@ SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 # What a build must not pick up from a working copy: caches, venvs, local state, old builds.
 _NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
                                      ".edgefire", ".pytest_cache", ".ruff_cache", "bench",
-                                     ".torch_ext")
+                                     ".torch_ext", "node_modules", ".wrangler")
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

@@ -78,7 +78,11 @@ class CatalogRoutes:
         self.precision_of = precision_of
 
     async def search(self, request: Request) -> Response:
-        query = request.query_params
+        return self.listing(request.query_params)
+
+    def listing(self, query: QueryParams) -> Response:
+        """The search answer for these query parameters (a Worker's env.AI.models() sends them
+        wrapped, so they do not always come from the request's own URL)."""
         page, per_page = page_number(query, "page", 1), page_number(query, "per_page", 20)
         found = [spec for spec in self.catalog.specs if _matches(spec, query)]
         shown = found[(page - 1) * per_page:page * per_page]
