@@ -1,0 +1,162 @@
+"""Record/replay over real HTTP: a gateway records what a stand-in node's answers looked like to
+the client; a second gateway, with no node at all, replays them byte for byte."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from edgefire.contract.errors import ConfigError, ReplayMissError
+from edgefire.gateway.app import create_app
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
+from tests.gateway_fakes import MODEL, CountingNode, heartbeat
+
+ACCOUNT = "0123456789abcdef0123456789abcdef"  # the same account records and replays
+RUN = f"/client/v4/accounts/{ACCOUNT}/ai/run/{MODEL}"
+CHAT = f"/client/v4/accounts/{ACCOUNT}/ai/v1/chat/completions"
+PROVIDER = f"/v1/{ACCOUNT}/default/workers-ai/{MODEL}"
+
+
+@dataclass(slots=True)
+class Seen:
+    status: int
+    headers: dict[str, str]
+    chunks: list[bytes]  # as they came off the connection
+    seconds: float
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def call(client: httpx.Client, path: str, body: dict, **headers: str) -> Seen:
+    began = time.monotonic()
+    with client.stream("POST", path, json=body, headers=headers) as response:
+        chunks = list(response.iter_raw())
+    # date and server are the HTTP server's, set on every answer; the rest is the app's.
+    kept = {k: v for k, v in response.headers.items() if k not in ("date", "server")}
+    return Seen(response.status_code, kept, chunks, time.monotonic() - began)
+
+
+@contextlib.contextmanager
+def gateway(serve, **settings) -> Iterator[httpx.Client]:
+    state = GatewayState.build(GatewaySettings(redis_url=None, gateway_config=None,
+                                               heartbeat_timeout_s=3600, **settings),
+                               db=Database(":memory:"))
+    state.accounts.create_account("tests", ACCOUNT)
+    _, token = state.accounts.create_token(ACCOUNT)  # a new token each time
+    with serve(create_app(state)) as url, httpx.Client(
+            base_url=url, timeout=30, headers={"authorization": f"Bearer {token}"}) as client:
+        yield client
+
+
+# What the suite sends, in order; the first is sent twice and the node answers it differently.
+CALLS = [
+    (RUN, {"prompt": "Hi"}, {}),
+    (RUN, {"prompt": "Hi"}, {}),
+    (RUN, {"prompt": "Hi", "stream": True}, {}),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, {}),
+    (PROVIDER, {"prompt": "Hi"}, {"cf-aig-metadata": '{"suite":"replay"}'}),
+    (RUN, {"prompt": "fail"}, {}),
+]
+
+
+@pytest.fixture(scope="module")
+def recorded(serve, tmp_path_factory) -> tuple[Path, list[Seen]]:
+    folder = tmp_path_factory.mktemp("recordings")
+    with serve(CountingNode(gap_s=0.25)) as node, gateway(serve, record_dir=folder) as client:
+        client.post("/internal/nodes/heartbeat", json=heartbeat(node)).raise_for_status()
+        return folder, [call(client, path, body, **headers) for path, body, headers in CALLS]
+
+
+def test_recording_holds_what_the_node_answered(recorded) -> None:
+    folder, seen = recorded
+    assert [s.status for s in seen] == [200, 200, 200, 200, 200, 400]
+    assert json.loads(seen[0].body)["result"]["response"] == "answer 1"
+    assert json.loads(seen[1].body)["result"]["response"] == "answer 2"
+    assert len(seen[2].chunks) == 4, "the stream's events came as separate chunks"
+    files = sorted(folder.glob("*.json"))
+    assert len(files) == 5  # one per distinct request
+    documents = [json.loads(f.read_text()) for f in files]
+    repeated = next(d for d in documents if d["request"]["body"] == {"prompt": "Hi"}
+                    and d["request"]["path"] == RUN)
+    assert len(repeated["responses"]) == 2
+    for document in documents:  # no credential is written down
+        assert "authorization" not in json.dumps(document["request"]).lower()
+    provider = next(d for d in documents if d["request"]["path"] == PROVIDER)
+    assert provider["request"]["headers"] == {"cf-aig-metadata": '{"suite":"replay"}'}
+
+
+def test_replay_is_byte_exact_with_no_node(serve, recorded) -> None:
+    folder, seen = recorded
+    with gateway(serve, replay_dir=folder) as client:
+        replayed = [call(client, path, body, **headers) for path, body, headers in CALLS]
+        exhausted = call(client, RUN, {"prompt": "Hi"})
+    for before, after in zip(seen, replayed, strict=True):
+        assert after.status == before.status
+        assert after.headers == before.headers
+        assert after.body == before.body
+    stream_before, stream_after = seen[2], replayed[2]
+    assert stream_after.chunks == stream_before.chunks  # same boundaries, same bytes
+    assert stream_after.seconds >= 0.9 * 3 * 0.25, "replayed with the recorded timing"
+    # Repeated requests come back in recorded order; then the policy (error by default).
+    assert [json.loads(r.body)["result"]["response"] for r in replayed[:2]] == \
+        ["answer 1", "answer 2"]
+    assert json.loads(replayed[5].body)["errors"][0]["code"] == 5006  # a recorded error
+    assert exhausted.status == 404
+    error = json.loads(exhausted.body)["errors"][0]
+    assert error["code"] == ReplayMissError.code
+    assert "recorded 2 time(s) and this is call 3" in error["message"]
+
+
+def test_replay_miss_names_the_nearest_recording(serve, recorded) -> None:
+    folder, _ = recorded
+    with gateway(serve, replay_dir=folder) as client:
+        miss = call(client, RUN, {"prompt": "Hello"})
+        openai_miss = call(client, CHAT, {"model": MODEL,
+                                          "messages": [{"role": "user", "content": "Yo"}]})
+        stranger = client.post(RUN, json={"prompt": "Hi"},
+                               headers={"authorization": "Bearer not-a-token"})
+    assert miss.status == 404
+    message = json.loads(miss.body)["errors"][0]["message"]
+    assert message.startswith(f"No recording matches this request (POST {RUN})")
+    assert 'body.prompt: recorded "Hi", sent "Hello"' in message
+    error = json.loads(openai_miss.body)["error"]  # the OpenAI route's own error shape
+    assert error["code"] == str(ReplayMissError.code)
+    assert 'body.messages[0].content: recorded "Hi", sent "Yo"' in error["message"]
+    assert stranger.status_code == 401  # the token is not in the key, but still checked
+
+
+def test_replay_speed_and_cycle_policy(serve, recorded) -> None:
+    folder, seen = recorded
+    with gateway(serve, replay_dir=folder, replay_speed=0, replay_exhausted="cycle") as client:
+        answers = [call(client, RUN, {"prompt": "Hi"}) for _ in range(3)]
+        stream = call(client, RUN, {"prompt": "Hi", "stream": True})
+    assert [a.body for a in answers] == [seen[0].body, seen[1].body, seen[0].body]
+    assert stream.body == seen[2].body
+    assert stream.seconds < 0.25, "speed 0 does not wait"
+
+
+def test_record_and_replay_are_exclusive(tmp_path) -> None:
+    settings = GatewaySettings(redis_url=None, gateway_config=None, record_dir=tmp_path,
+                               replay_dir=tmp_path)
+    state = GatewayState.build(settings, db=Database(":memory:"))
+    with pytest.raises(ConfigError, match="exclusive"):
+        create_app(state)
+
+
+def test_unreadable_recording_refuses_to_start(tmp_path) -> None:
+    (tmp_path / "broken.json").write_text("{not json")
+    state = GatewayState.build(GatewaySettings(redis_url=None, gateway_config=None,
+                                               replay_dir=tmp_path), db=Database(":memory:"))
+    with pytest.raises(ConfigError, match="broken.json cannot be read"):
+        create_app(state)
