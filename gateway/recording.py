@@ -107,8 +107,10 @@ class RecordMiddleware:
         index = self.recorder.reserve(key)
         began = time.monotonic()
         answer = Exchange(0, [], 0.0, [])
+        stored = False
 
         async def recorded(message: Message) -> None:
+            nonlocal stored
             now = time.monotonic() - began
             if message["type"] == "http.response.start":
                 answer.status, answer.started_at = message["status"], now
@@ -118,10 +120,15 @@ class RecordMiddleware:
                 if message.get("body"):
                     answer.chunks.append((now, bytes(message["body"])))
                 if not message.get("more_body", False):  # stored before the client has it
+                    stored = True
                     await self._store(key, index, answer)
             await send(message)
 
         await self.app(scope, _replaying(body, complete, receive), recorded)
+        if not stored and answer.status:
+            # The client hung up mid-stream (the binding does once it has read `[DONE]`), so
+            # the end never went out: what was sent until then is what it received.
+            await self._store(key, index, answer)
 
     async def _store(self, key: RequestKey, index: int, answer: Exchange) -> None:
         try:

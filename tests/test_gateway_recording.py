@@ -160,3 +160,23 @@ def test_unreadable_recording_refuses_to_start(tmp_path) -> None:
                                                replay_dir=tmp_path), db=Database(":memory:"))
     with pytest.raises(ConfigError, match="broken.json cannot be read"):
         create_app(state)
+
+
+def test_a_stream_the_client_left_early_is_recorded_as_received(serve, tmp_path) -> None:
+    # The binding stops reading at `[DONE]` and hangs up, so the gateway never sends the end
+    # of the stream; the recording must still hold what the client was sent.
+    body = {"prompt": "cut", "stream": True}
+    with serve(CountingNode(gap_s=0.25)) as node, gateway(serve, record_dir=tmp_path) as client:
+        client.post("/internal/nodes/heartbeat", json=heartbeat(node)).raise_for_status()
+        with client.stream("POST", RUN, json=body) as response:
+            first = next(response.iter_raw())
+        deadline = time.monotonic() + 10
+        while not list(tmp_path.glob("*.json")):
+            assert time.monotonic() < deadline, "the cut stream was not recorded"
+            time.sleep(0.05)
+    chunks = json.loads(next(tmp_path.glob("*.json")).read_text())["responses"][0]["chunks"]
+    assert 1 <= len(chunks) < 4 and chunks[0]["text"].encode() == first
+    with gateway(serve, replay_dir=tmp_path, replay_speed=0) as client:
+        replayed = call(client, RUN, body)
+    assert replayed.status == 200 and replayed.body.startswith(first)
+    assert replayed.body == b"".join(c["text"].encode() for c in chunks)
