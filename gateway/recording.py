@@ -94,6 +94,7 @@ def _key(scope: Scope, body: bytes) -> RequestKey:
 class RecordMiddleware:
     def __init__(self, app: ASGIApp, recorder: Recorder, max_bytes: int) -> None:
         self.app, self.recorder, self.max_bytes = app, recorder, max_bytes
+        self._writing: set[asyncio.Future] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if _account(scope) is None:
@@ -131,8 +132,16 @@ class RecordMiddleware:
             await self._store(key, index, answer)
 
     async def _store(self, key: RequestKey, index: int, answer: Exchange) -> None:
+        """Writes in a worker thread, shielded: a client that hangs up cancels this task, and
+        a cancelled to_thread whose thread had not started yet would never write the file."""
+        writing = asyncio.ensure_future(asyncio.to_thread(self._write, key, index, answer))
+        self._writing.add(writing)  # the loop keeps only weak references to tasks
+        writing.add_done_callback(self._writing.discard)
+        await asyncio.shield(writing)
+
+    def _write(self, key: RequestKey, index: int, answer: Exchange) -> None:
         try:
-            await asyncio.to_thread(self.recorder.store, key, index, answer)
+            self.recorder.store(key, index, answer)
         except OSError:  # a full disk costs the recording, not the answer
             log.exception("could not record the answer to %s %s", key.method, key.path)
 

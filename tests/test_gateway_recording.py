@@ -3,6 +3,7 @@ the client; a second gateway, with no node at all, replays them byte for byte.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from edgefire import AI
 from edgefire.contract.errors import ConfigError, ReplayMissError
 from edgefire.gateway.app import create_app
 from edgefire.gateway.db import Database
@@ -180,3 +182,27 @@ def test_a_stream_the_client_left_early_is_recorded_as_received(serve, tmp_path)
         replayed = call(client, RUN, body)
     assert replayed.status == 200 and replayed.body.startswith(first)
     assert replayed.body == b"".join(c["text"].encode() for c in chunks)
+
+
+def test_every_stream_the_binding_reads_to_done_is_recorded(serve, tmp_path) -> None:
+    # The binding hangs up as soon as it has `[DONE]`, racing the gateway's last write; each
+    # of these streams must still be recorded (a cancelled write once lost about one in six).
+    with serve(CountingNode(gap_s=0.0)) as node, gateway(serve, record_dir=tmp_path) as client:
+        client.post("/internal/nodes/heartbeat", json=heartbeat(node)).raise_for_status()
+        token = client.headers["authorization"].removeprefix("Bearer ")
+
+        async def stream_all() -> list[list[dict]]:
+            http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0))
+            async with AI(str(client.base_url), ACCOUNT, token, http=http) as ai:
+                return [[event async for event in await ai.run(
+                    MODEL, {"prompt": f"p{i}", "stream": True})] for i in range(40)]
+
+        answers = asyncio.run(stream_all())
+        await_files = time.monotonic() + 10
+        while len(list(tmp_path.glob("*.json"))) < 40 and time.monotonic() < await_files:
+            time.sleep(0.05)
+    assert len(list(tmp_path.glob("*.json"))) == 40
+    with gateway(serve, replay_dir=tmp_path, replay_speed=0) as client:
+        replayed = call(client, RUN, {"prompt": "p7", "stream": True})
+    assert answers[7][0] == {"response": "answer 8"}
+    assert replayed.body.startswith(b'data: {"response": "answer 8"}\n\n')
