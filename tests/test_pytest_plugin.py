@@ -7,6 +7,7 @@ MiniLM (`--edgefire-record`); the fast tests replay it with no node and no model
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 RECORDINGS = Path(__file__).parent / "data" / "edgefire_replay"
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 # A user's test file: the binding (plain, streamed, an error), the OpenAI client, the raw URL.
 USER_TESTS = '''
@@ -87,6 +89,15 @@ def test_user_suite_passes_from_recordings_without_a_model(pytester: pytest.Pyte
     result = pytester.runpytest_subprocess("--edgefire-replay", str(RECORDINGS),
                                            "--edgefire-replay-speed", "0")
     result.assert_outcomes(passed=USER_TEST_COUNT + 1)
+
+
+def test_readme_example_passes_from_the_recordings(pytester: pytest.Pytester) -> None:
+    section = README.read_text().split("## Testing your code against edgefire", 1)[1]
+    [example] = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
+    pytester.makepyfile(test_my_feature=example)
+    result = pytester.runpytest_subprocess("--edgefire-replay", str(RECORDINGS),
+                                           "--edgefire-replay-speed", "0")
+    result.assert_outcomes(passed=2)
 
 
 def test_unrecorded_request_fails_the_users_test_clearly(pytester: pytest.Pytester) -> None:
