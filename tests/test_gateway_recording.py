@@ -6,12 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from edgefire import AI
@@ -20,12 +25,15 @@ from edgefire.gateway.app import create_app
 from edgefire.gateway.db import Database
 from edgefire.gateway.settings import GatewaySettings
 from edgefire.gateway.state import GatewayState
+from tests.conftest import free_port
 from tests.gateway_fakes import MODEL, CountingNode, heartbeat
 
 ACCOUNT = "0123456789abcdef0123456789abcdef"  # the same account records and replays
 RUN = f"/client/v4/accounts/{ACCOUNT}/ai/run/{MODEL}"
 CHAT = f"/client/v4/accounts/{ACCOUNT}/ai/v1/chat/completions"
 PROVIDER = f"/v1/{ACCOUNT}/default/workers-ai/{MODEL}"
+COMPAT = f"/v1/{ACCOUNT}/default/compat/chat/completions"
+UNIVERSAL = f"/v1/{ACCOUNT}/default"
 
 
 @dataclass(slots=True)
@@ -40,7 +48,7 @@ class Seen:
         return b"".join(self.chunks)
 
 
-def call(client: httpx.Client, path: str, body: dict, **headers: str) -> Seen:
+def call(client: httpx.Client, path: str, body: dict | list, **headers: str) -> Seen:
     began = time.monotonic()
     with client.stream("POST", path, json=body, headers=headers) as response:
         chunks = list(response.iter_raw())
@@ -69,6 +77,10 @@ CALLS = [
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, {}),
     (PROVIDER, {"prompt": "Hi"}, {"cf-aig-metadata": '{"suite":"replay"}'}),
     (RUN, {"prompt": "fail"}, {}),
+    (COMPAT, {"model": f"workers-ai/{MODEL}", "messages": [{"role": "user", "content": "Hi"}]},
+     {}),
+    (UNIVERSAL, [{"provider": "workers-ai", "endpoint": MODEL, "headers": {},
+                  "query": {"prompt": "Hi there"}}], {}),
 ]
 
 
@@ -82,12 +94,12 @@ def recorded(serve, tmp_path_factory) -> tuple[Path, list[Seen]]:
 
 def test_recording_holds_what_the_node_answered(recorded) -> None:
     folder, seen = recorded
-    assert [s.status for s in seen] == [200, 200, 200, 200, 200, 400]
+    assert [s.status for s in seen] == [200, 200, 200, 200, 200, 400, 200, 200]
     assert json.loads(seen[0].body)["result"]["response"] == "answer 1"
     assert json.loads(seen[1].body)["result"]["response"] == "answer 2"
     assert len(seen[2].chunks) == 4, "the stream's events came as separate chunks"
     files = sorted(folder.glob("*.json"))
-    assert len(files) == 5  # one per distinct request
+    assert len(files) == 7  # one per distinct request
     documents = [json.loads(f.read_text()) for f in files]
     repeated = next(d for d in documents if d["request"]["body"] == {"prompt": "Hi"}
                     and d["request"]["path"] == RUN)
@@ -206,3 +218,34 @@ def test_every_stream_the_binding_reads_to_done_is_recorded(serve, tmp_path) -> 
         replayed = call(client, RUN, {"prompt": "p7", "stream": True})
     assert answers[7][0] == {"response": "answer 8"}
     assert replayed.body.startswith(b'data: {"response": "answer 8"}\n\n')
+
+
+def test_the_dev_fleet_replaying_starts_no_node(tmp_path) -> None:
+    (tmp_path / "recordings").mkdir()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEFIRE_")}
+    env["EDGEFIRE_REPLAY_DIR"] = str(tmp_path / "recordings")
+    dev = subprocess.Popen([sys.executable, "-m", "edgefire.gateway.cli", "dev", "--port",
+                            str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline and dev.poll() is None, "the gateway did not start"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/health", timeout=1).status_code:
+                    break
+            time.sleep(0.1)
+        assert psutil.Process(dev.pid).children(recursive=True) == []  # no node process
+        account = json.loads((tmp_path / ".edgefire" / "dev.json").read_text())
+        answer = httpx.post(f"{base}/client/v4/accounts/{account['account_id']}/ai/run/{MODEL}",
+                            json={"prompt": "Hi"}, timeout=10,
+                            headers={"authorization": f"Bearer {account['token']}"})
+    finally:
+        dev.send_signal(signal.SIGINT)
+        output = dev.communicate(timeout=30)[0]
+    assert answer.status_code == 404, output
+    error = answer.json()["errors"][0]
+    assert error["code"] == 5090 and "holds no recordings" in error["message"]
+    assert "waiting for edge node" not in output
