@@ -64,14 +64,15 @@ def _account(scope: Scope) -> str | None:
 
 async def _read(receive: Receive, max_bytes: int) -> tuple[bytes, bool]:
     """The body, or as much as max_bytes allows (False): the route then answers 3006 itself."""
-    body, more = b"", True
-    while more and len(body) <= max_bytes:
+    chunks, size, more = [], 0, True
+    while more and size <= max_bytes:
         message = await receive()
-        if message["type"] != "http.request":
-            return body, False
-        body += message.get("body", b"")
+        if message["type"] != "http.request":  # the client left: the route sees it too
+            return b"".join(chunks), False
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
         more = message.get("more_body", False)
-    return body, not more
+    return b"".join(chunks), not more
 
 
 def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:

@@ -28,13 +28,15 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from edgefire.contract.errors import ConfigError, ReplayMissError
+from edgefire.contract.headers import NODE_SECRET
 
 VERSION = 1
-# Request headers that change the answer. Credentials are left out (cf-aig-authorization as
-# well as Authorization), so a recording made with one token replays under another.
+# Request headers that change the answer. Credentials are left out (cf-aig-authorization and
+# the node secret as well as Authorization), so a recording made with one token replays under
+# another and no secret is written to a file.
 _KEY_HEADER_PREFIXES = ("cf-aig-", "x-edgefire-")
 _KEY_HEADERS = ("x-session-affinity",)
-_UNKEYED = ("cf-aig-authorization",)
+_UNKEYED = ("cf-aig-authorization", NODE_SECRET)
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 

@@ -75,7 +75,8 @@ CALLS = [
     (RUN, {"prompt": "Hi"}, {}),
     (RUN, {"prompt": "Hi", "stream": True}, {}),
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, {}),
-    (PROVIDER, {"prompt": "Hi"}, {"cf-aig-metadata": '{"suite":"replay"}'}),
+    (PROVIDER, {"prompt": "Hi"}, {"cf-aig-metadata": '{"suite":"replay"}',
+                                  "x-edgefire-node-secret": "not-for-files"}),
     (RUN, {"prompt": "fail"}, {}),
     (COMPAT, {"model": f"workers-ai/{MODEL}", "messages": [{"role": "user", "content": "Hi"}]},
      {}),
@@ -106,6 +107,7 @@ def test_recording_holds_what_the_node_answered(recorded) -> None:
     assert len(repeated["responses"]) == 2
     for document in documents:  # no credential is written down
         assert "authorization" not in json.dumps(document["request"]).lower()
+        assert "not-for-files" not in json.dumps(document)
     provider = next(d for d in documents if d["request"]["path"] == PROVIDER)
     assert provider["request"]["headers"] == {"cf-aig-metadata": '{"suite":"replay"}'}
 

@@ -101,7 +101,8 @@ def edgefire_openai(edgefire_fleet: Fleet) -> Iterator[Any]:
     except ImportError:
         pytest.fail("the edgefire_openai fixture needs the openai package (pip install openai)",
                     pytrace=False)
+    # trust_env off: a proxy from the environment must not stand between tests and loopback.
     client = openai.OpenAI(base_url=edgefire_fleet.openai_base_url, api_key=edgefire_fleet.token,
-                           timeout=600.0)
+                           timeout=600.0, http_client=openai.DefaultHttpxClient(trust_env=False))
     yield client
     client.close()
