@@ -17,7 +17,8 @@ pytest_plugins = ["pytester"]
 RECORDINGS = Path(__file__).parent / "data" / "edgefire_replay"
 README = Path(__file__).resolve().parent.parent / "README.md"
 
-# A user's test file: the binding (plain, streamed, an error), the OpenAI client, the raw URL.
+# A user's test file: the binding (plain, streamed, an error, an injected fault, a stand-in),
+# the OpenAI client, the raw URL.
 USER_TESTS = '''
 import asyncio
 
@@ -53,6 +54,19 @@ def test_binding_error(edgefire_ai):
     assert error.value.code == 5006
 
 
+def test_retry_code_meets_capacity(edgefire_ai):
+    with pytest.raises(InferenceUpstreamError) as error:
+        asyncio.run(edgefire_ai.run(SMOL, {"prompt": "Hi", "max_tokens": 4},
+                                    {"extraHeaders": {"x-edgefire-fault": "capacity"}}))
+    assert error.value.code == 3040
+
+
+def test_code_written_for_llama(edgefire_ai):  # answered by the stand-in, SmolLM2
+    answer = asyncio.run(edgefire_ai.run("@cf/meta/llama-3.1-8b-instruct",
+                                         {"prompt": "Hi", "max_tokens": 4}))
+    assert answer["response"]
+
+
 def test_openai_chat(edgefire_openai):
     completion = edgefire_openai.chat.completions.create(
         model=SMOL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8)
@@ -72,7 +86,7 @@ def test_rest_url(edgefire_url, edgefire_fleet):
         headers={"authorization": f"Bearer {edgefire_fleet.token}"}, timeout=600)
     assert response.json()["success"] is True
 '''
-USER_TEST_COUNT = 6
+USER_TEST_COUNT = 8
 
 NO_MODEL = '''
 import sys

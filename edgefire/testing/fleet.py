@@ -104,6 +104,7 @@ def in_process_fleet(record_dir: Path | None = None, replay_dir: Path | None = N
     node for Frankfurt that has registered with it."""
     from edgefire.gateway.app import create_app
     from edgefire.gateway.db import Database
+    from edgefire.gateway.dev import apply_dev_defaults
     from edgefire.gateway.settings import GatewaySettings
     from edgefire.gateway.state import GatewayState
 
@@ -117,6 +118,9 @@ def in_process_fleet(record_dir: Path | None = None, replay_dir: Path | None = N
     if replay_speed is not None:
         overrides["replay_speed"] = replay_speed
     settings = GatewaySettings(**overrides)  # EDGEFIRE_* from the environment fill the rest
+    # As `edge-gateway dev`: stand-in models (code written for Llama 3.1 8B runs on SmolLM2)
+    # and x-edgefire-fault, so tests can exercise retry and fallback code.
+    apply_dev_defaults(settings)
     state = GatewayState.build(settings, db=Database(":memory:"))
     state.accounts.create_account("edgefire tests", TEST_ACCOUNT)
     _, token = state.accounts.create_token(TEST_ACCOUNT, "pytest")
