@@ -30,6 +30,7 @@ from edgefire.contract.node_report import HEARTBEAT_PATH
 from edgefire.contract.openapi import OPENAPI_PATH, serve_document
 from edgefire.gateway.batches import BatchWorker
 from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
+from edgefire.gateway.recording import recording_middleware
 from edgefire.gateway.routes_admin import AdminRoutes
 from edgefire.gateway.routes_binding import BINDING_PATHS, BindingRoutes
 from edgefire.gateway.routes_inference import InferenceRoutes
@@ -79,5 +80,8 @@ def create_app(state: GatewayState) -> Starlette:
             await state.close()
 
     handlers = {EdgefireError: handle_error, HTTPException: handle_error}
+    # Record/replay sits outermost: it sees the answer as sent, errors rendered by any layer.
+    middleware = [*recording_middleware(state.settings, state.auth),
+                  Middleware(InternalErrorMiddleware)]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
-                     middleware=[Middleware(InternalErrorMiddleware)])
+                     middleware=middleware)

@@ -106,13 +106,15 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
     state = GatewayState.build(settings)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,
                                            port=settings.gateway_port, log_level="info"))
-    cities = cities or ["fra"]
+    # Replaying answers from recordings only: no node is started (or needed).
+    cities = [] if settings.replay_dir else cities or ["fra"]
     nodes = {city: subprocess.Popen([sys.executable, "-m", "edgefire.edge_nodes.cli", "start",
                                      "--city", city,
                                      *(["--port", str(node_port + i)] if node_port else [])],
                                     env=env)
              for i, city in enumerate(cities)}
-    print(f"edgefire: waiting for edge node(s) {', '.join(cities)} to register…", flush=True)
+    if cities:
+        print(f"edgefire: waiting for edge node(s) {', '.join(cities)} to register…", flush=True)
     # uvicorn re-raises the SIGTERM it caught once it has shut down; under the default handler
     # that would end this process before the finally below and orphan the nodes.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

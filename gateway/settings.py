@@ -51,6 +51,15 @@ class GatewaySettings(BaseSettings):
     # such a call from loopback is served as this account; `edge-gateway dev` sets it to the
     # dev account, `edge-gateway start` leaves it unset (a token is then required).
     binding_account: str | None = None
+    # Record/replay (edgefire.gateway.recording): record every inference answer into this
+    # folder, or answer inference routes from its recordings only (no node needed).
+    record_dir: Path | None = None
+    replay_dir: Path | None = None
+    # 1 replays streams with their recorded timing, 2 twice as fast, 0 without waiting.
+    replay_speed: float = Field(1.0, ge=0)
+    # A request replayed more times than it was recorded: "error" answers 5090, "cycle"
+    # starts again from its first recorded answer.
+    replay_exhausted: Literal["error", "cycle"] = "error"
 
 
 def load_gateway_yaml(path: Path | None) -> dict:

@@ -3,6 +3,7 @@ a gateway served over real HTTP in front of it, for the gateway's security tests
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -98,3 +99,55 @@ def gateway(serve, tmp_path: Path, config: dict | None = None,
     _, token = state.accounts.create_token(account_id)
     with serve(create_app(state)) as url:
         yield Gateway(url, state, account_id, token)
+
+
+@dataclass
+class CountingNode:
+    """An edge node stand-in that answers differently each call ("answer 1", "answer 2", …), as
+    a sampled model does: `stream: true` gets three SSE events `gap_s` apart, the prompt "fail"
+    a 400 envelope, and the OpenAI chat route an OpenAI body. Register it with heartbeat()."""
+
+    gap_s: float = 0.2
+    calls: int = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        raw, more = b"", True
+        while more:
+            message = await receive()
+            raw += message.get("body", b"")
+            more = message.get("more_body", False)
+        body = json.loads(raw) if raw else {}
+        self.calls += 1
+        text = f"answer {self.calls}"
+        if body.get("prompt") == "fail":
+            await _send(send, 400, b"application/json", [json.dumps(
+                {"result": None, "success": False, "messages": [],
+                 "errors": [{"code": 5006, "message": "the node refused this prompt"}]}).encode()])
+        elif body.get("stream") is True:
+            events = [f"data: {json.dumps({'response': w})}\n\n".encode()
+                      for w in (text, " and", " more")] + [b"data: [DONE]\n\n"]
+            await _send(send, 200, b"text/event-stream", events, self.gap_s)
+        elif scope["path"].endswith("/v1/chat/completions"):
+            await _send(send, 200, b"application/json", [json.dumps(
+                {"id": f"chatcmpl-{self.calls}", "object": "chat.completion", "created": 1,
+                 "model": MODEL, "choices": [{"index": 0, "finish_reason": "stop",
+                                              "message": {"role": "assistant", "content": text}}],
+                 "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                           "total_tokens": 5}}).encode()])
+        else:
+            await _send(send, 200, b"application/json", [json.dumps(
+                {"result": {"response": text}, "success": True, "errors": [],
+                 "messages": []}).encode()])
+
+
+async def _send(send, status: int, content_type: bytes, chunks: list[bytes],
+                gap_s: float = 0.0) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type)]})
+    for i, chunk in enumerate(chunks):
+        if i and gap_s:
+            await asyncio.sleep(gap_s)
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -75,6 +75,15 @@ def test_the_wheel_claims_one_top_level_name(wheel):
         assert data in names
 
 
+def test_the_wheel_ships_the_pytest_plugin(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        text = archive.read(entry_points).decode()
+    assert "[pytest11]\nedgefire = edgefire.testing.pytest_plugin" in text
+    assert "edgefire/testing/pytest_plugin.py" in names
+
+
 def test_the_import_rules_hold(installed_layout):
     done = _lint_imports(installed_layout)
     assert done.returncode == 0, done.stdout + done.stderr

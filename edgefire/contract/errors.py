@@ -122,6 +122,13 @@ class UnknownComponentError(ModelUnavailableError):
     """Config names a model architecture, KV backend, codec, … that no plugin registered."""
 
 
+class ReplayMissError(EdgefireError, code=5090, status=404,
+                      message="No recording matches this request"):
+    """The gateway replays recordings (EDGEFIRE_REPLAY_DIR) and has none for this request, or
+    has answered each recorded occurrence already. 404 rather than 5xx: retrying cannot help,
+    and clients such as the OpenAI SDK retry 5xx answers."""
+
+
 class WeightsNotFoundError(EdgefireError, code=5019):
     """A weights source cannot be resolved (for example its package is not installed)."""
 
