@@ -23,7 +23,7 @@ from edgefire.gateway.cache import (
     parse_cache_headers,
 )
 from edgefire.gateway.settings import GatewaySettings
-from tests.redis_support import REDIS_URL, FakeClock, needs_redis
+from tests.redis_support import REDIS_URL, TIMEOUT_S, FakeClock, needs_redis
 
 RESPONSE = CachedResponse(200, {"content-type": "application/json", "x-ü": "ünïcode"},
                           b'{"result":{"response":"hi"}}\x00\xff')
@@ -212,7 +212,7 @@ def test_parse_cache_headers_rejects_bad_values(name, value) -> None:
 @needs_redis
 def test_redis_cache_get_set_and_expiry(redis_prefix: str) -> None:
     async def main() -> None:
-        cache = RedisCache(REDIS_URL, prefix=redis_prefix)
+        cache = RedisCache(REDIS_URL, prefix=redis_prefix, timeout_s=TIMEOUT_S)
         try:
             assert await cache.get(K) is None
             await cache.set(K, RESPONSE, ttl_s=60)
@@ -235,7 +235,8 @@ def test_redis_cache_is_shared_between_processes(redis_prefix: str) -> None:
     key = cache_key("acct", "gw", "workers-ai", "@cf/model", b"{}")
 
     async def main() -> None:
-        first, second = RedisCache(REDIS_URL, redis_prefix), RedisCache(REDIS_URL, redis_prefix)
+        first, second = (RedisCache(REDIS_URL, redis_prefix, timeout_s=TIMEOUT_S)
+                         for _ in range(2))
         try:
             assert await second.get(key) is None
             await first.set(key, RESPONSE, ttl_s=60)
@@ -255,7 +256,8 @@ def test_redis_cache_is_shared_between_processes(redis_prefix: str) -> None:
 @needs_redis
 def test_redis_cache_does_not_store_answers_over_the_entry_cap(redis_prefix: str) -> None:
     async def main() -> None:
-        cache = RedisCache(REDIS_URL, prefix=redis_prefix, max_entry_bytes=4096)
+        cache = RedisCache(REDIS_URL, prefix=redis_prefix, max_entry_bytes=4096,
+                           timeout_s=TIMEOUT_S)
         try:
             await cache.set(_key("small"), _sized(4096), ttl_s=60)
             await cache.set(_key("big"), _sized(4097), ttl_s=60)

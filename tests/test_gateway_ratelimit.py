@@ -15,7 +15,7 @@ from edgefire.gateway.ratelimit import (
     make_rate_limiter,
 )
 from edgefire.gateway.settings import GatewaySettings
-from tests.redis_support import REDIS_URL, FakeClock, needs_redis
+from tests.redis_support import REDIS_URL, TIMEOUT_S, FakeClock, needs_redis
 
 Factory = Callable[[FakeClock], RateLimiter]
 
@@ -29,7 +29,8 @@ def new_limiter(request: pytest.FixtureRequest) -> Factory:
     if request.param == "memory":
         return lambda clock: MemoryRateLimiter(clock=clock)
     prefix = request.getfixturevalue("redis_prefix")
-    return lambda clock: RedisRateLimiter(REDIS_URL, prefix=prefix, clock=clock)
+    return lambda clock: RedisRateLimiter(REDIS_URL, prefix=prefix, clock=clock,
+                                           timeout_s=TIMEOUT_S)
 
 
 async def _hits(limiter: RateLimiter, n: int, limit: int, interval_s: int,
@@ -163,8 +164,10 @@ def test_concurrent_hits_allow_exactly_the_limit(new_limiter: Factory, technique
 def test_redis_limit_holds_across_processes(redis_prefix: str, technique: str) -> None:
     async def main() -> list[bool]:
         clock = FakeClock(1000.0)
-        first = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, clock=clock)
-        second = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, clock=clock)
+        first = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, clock=clock,
+                                 timeout_s=TIMEOUT_S)
+        second = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, clock=clock,
+                                 timeout_s=TIMEOUT_S)
         try:
             decisions = await asyncio.gather(
                 *(limiter.hit("gw", 20, 60, technique)
