@@ -29,10 +29,11 @@ from edgefire.contract.http_errors import InternalErrorMiddleware, handle_error
 from edgefire.contract.node_report import HEARTBEAT_PATH
 from edgefire.contract.openapi import OPENAPI_PATH, serve_document
 from edgefire.gateway.batches import BatchWorker
+from edgefire.gateway.binding_call import BINDING_PATHS
 from edgefire.gateway.openapi import ACCOUNT, GATEWAY, gateway_document
 from edgefire.gateway.recording import recording_middleware
 from edgefire.gateway.routes_admin import AdminRoutes
-from edgefire.gateway.routes_binding import BINDING_PATHS, BindingRoutes
+from edgefire.gateway.routes_binding import BindingRoutes
 from edgefire.gateway.routes_inference import InferenceRoutes
 from edgefire.gateway.state import GatewayState
 

@@ -6,7 +6,9 @@ It is ASGI middleware, outside the routes and InternalErrorMiddleware, because t
 the answer is exactly the bytes the client receives: headers the pipeline adds (cf-aig-*),
 stream chunks as they were sent, error envelopes from any layer. It covers every POST on the
 inference URL forms (Workers AI REST run, its OpenAI routes, the AI Gateway provider, compat
-and universal URLs); catalog reads and administration are answered live either way.
+and universal URLs) and a Worker's env.AI run() in either form (direct or Miniflare-wrapped,
+keyed unwrapped, so one form replays the other); catalog reads, the binding's models search and
+getLog, and administration are answered live either way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import asyncio
 import logging
 import re
 import time
+import uuid
+from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -22,8 +26,10 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgefire.contract.errors import ConfigError, EdgefireError
+from edgefire.contract.headers import REQUEST_ID
 from edgefire.contract.http_errors import error_body, is_openai_path
 from edgefire.gateway.auth import Authenticator
+from edgefire.gateway.binding_call import BindingCall, binding_account, binding_inference
 from edgefire.gateway.recordings import Exchange, Player, Recorder, RequestKey
 from edgefire.gateway.settings import GatewaySettings
 
@@ -43,23 +49,42 @@ def recording_middleware(settings: GatewaySettings, auth: Authenticator) -> list
         raise ConfigError("EDGEFIRE_RECORD_DIR and EDGEFIRE_REPLAY_DIR are exclusive: set one")
     if settings.replay_dir:
         player = Player(settings.replay_dir, settings.replay_exhausted)
-        return [Middleware(ReplayMiddleware, player=player, auth=auth,
-                           speed=settings.replay_speed, max_bytes=settings.max_batch_bytes)]
+        return [Middleware(ReplayMiddleware, player=player, auth=auth, settings=settings)]
     if settings.record_dir:
         return [Middleware(RecordMiddleware, recorder=Recorder(settings.record_dir),
                            max_bytes=settings.max_batch_bytes)]
     return []
 
 
-def _account(scope: Scope) -> str | None:
-    """The account of an inference request, None for any other request."""
-    if scope["type"] != "http" or scope["method"] != "POST":
-        return None
-    for pattern in _INFERENCE:
-        match = pattern.fullmatch(scope["path"])
-        if match:
-            return match["account"]
-    return None
+@dataclass(frozen=True, slots=True)
+class _Inference:
+    """An inference request as its key sees it: a binding call unwrapped, with no account."""
+
+    path: str
+    query: str
+    headers: list[tuple[str, str]]
+    account: str | None  # the one in the path; None for a Worker's env.AI call
+    binding: BindingCall | None
+
+    @classmethod
+    def of(cls, scope: Scope) -> _Inference | None:
+        """None for any request that is not inference (answered live)."""
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        for pattern in _INFERENCE:
+            match = pattern.fullmatch(scope["path"])
+            if match:
+                headers = [(k.decode("latin-1"), v.decode("latin-1"))
+                           for k, v in scope["headers"]]
+                return cls(scope["path"], scope["query_string"].decode("latin-1"), headers,
+                           match["account"], None)
+        call = binding_inference(scope)
+        if call is None:
+            return None
+        return cls(call.path, str(call.query), list(call.headers.items()), None, call)
+
+    def key(self, body: bytes) -> RequestKey:
+        return RequestKey.of("POST", self.path, self.query, self.headers, body)
 
 
 async def _read(receive: Receive, max_bytes: int) -> tuple[bytes, bool]:
@@ -86,26 +111,21 @@ def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:
     return replayed
 
 
-def _key(scope: Scope, body: bytes) -> RequestKey:
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-    return RequestKey.of(scope["method"], scope["path"], scope["query_string"].decode("latin-1"),
-                         headers, body)
-
-
 class RecordMiddleware:
     def __init__(self, app: ASGIApp, recorder: Recorder, max_bytes: int) -> None:
         self.app, self.recorder, self.max_bytes = app, recorder, max_bytes
         self._writing: set[asyncio.Future] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if _account(scope) is None:
+        request = _Inference.of(scope)
+        if request is None:
             await self.app(scope, receive, send)
             return
         body, complete = await _read(receive, self.max_bytes)
         if not complete:  # too large to be answered, so nothing to record
             await self.app(scope, _replaying(body, complete, receive), send)
             return
-        key = _key(scope, body)
+        key = request.key(body)
         index = self.recorder.reserve(key)
         began = time.monotonic()
         answer = Exchange(0, [], 0.0, [])
@@ -148,28 +168,25 @@ class RecordMiddleware:
 
 
 class ReplayMiddleware:
-    def __init__(self, app: ASGIApp, player: Player, auth: Authenticator, speed: float,
-                 max_bytes: int) -> None:
-        self.app, self.player, self.auth = app, player, auth
-        self.speed, self.max_bytes = speed, max_bytes
+    def __init__(self, app: ASGIApp, player: Player, auth: Authenticator,
+                 settings: GatewaySettings) -> None:
+        self.app, self.player, self.auth, self.settings = app, player, auth, settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        account = _account(scope)
-        if account is None:
+        request = _Inference.of(scope)
+        if request is None:
             await self.app(scope, receive, send)
             return
-        body, complete = await _read(receive, self.max_bytes)
+        body, complete = await _read(receive, self.settings.max_batch_bytes)
         if not complete:  # the route refuses it (3006) before it would reach a node
             await self.app(scope, _replaying(body, complete, receive), send)
             return
         began = time.monotonic()
         try:
-            # The token is not part of the key, but it must still be one for this account.
-            self.auth.check(Headers(scope=scope), account)
-            answer = self.player.answer(_key(scope, body))
+            self._authenticate(scope, request)
+            answer = self.player.answer(request.key(body))
         except EdgefireError as exc:
-            response = JSONResponse(error_body(exc, is_openai_path(scope["path"])), exc.status)
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, request, exc)
             return
         await self._wait(began, answer.started_at)
         await send({"type": "http.response.start", "status": answer.status,
@@ -180,9 +197,30 @@ class ReplayMiddleware:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    def _authenticate(self, scope: Scope, request: _Inference) -> None:
+        """The credentials are not part of the key, but the live route's rule still holds."""
+        if request.binding is not None:  # a token of any account, or dev from this machine
+            binding_account(scope, request.binding, self.auth.accounts,
+                            self.settings.binding_account)
+        elif request.account is not None:
+            self.auth.check(Headers(scope=scope), request.account)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, request: _Inference,
+                      exc: EdgefireError) -> None:
+        """In the route's own error shape; a binding call's, as routes_binding renders it
+        (run() throws it as InferenceUpstreamError "<code>: <message>"), with a request id."""
+        if request.binding is not None:
+            response = JSONResponse(error_body(exc, openai=False), exc.status,
+                                    {REQUEST_ID: str(uuid.uuid4())})
+        else:
+            response = JSONResponse(error_body(exc, is_openai_path(scope["path"])), exc.status)
+        await response(scope, receive, send)
+
     async def _wait(self, began: float, at: float) -> None:
         """Until the recorded offset (scaled by the speed) from the request's arrival."""
-        if self.speed > 0:
-            delay = began + at / self.speed - time.monotonic()
+        speed = self.settings.replay_speed
+        if speed > 0:
+            delay = began + at / speed - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -10,6 +10,10 @@ review and commit it:
                     "started_at": 0.21, "chunks": [{"at": 0.21, "text": "{\\"result\\": …}"}]},
                    …]}
 
+A Worker's env.AI call (edgefire.gateway.binding_call) is keyed as the binding made it, unwrapped
+from Miniflare's form: path `/run?version=3` or `/ai-gateway/run?version=3`, with no account
+(the binding sends none), and the model from its `cf-consn-model-id` header.
+
 `responses` holds each occurrence of the request in the order it arrived (a sampled model
 answers differently each time). A chunk is what the gateway sent in one piece, with its offset
 in seconds from the request; `text` when it is UTF-8, else `base64`.
@@ -28,14 +32,14 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from edgefire.contract.errors import ConfigError, ReplayMissError
-from edgefire.contract.headers import NODE_SECRET
+from edgefire.contract.headers import BINDING_MODEL, NODE_SECRET
 
 VERSION = 1
 # Request headers that change the answer. Credentials are left out (cf-aig-authorization and
 # the node secret as well as Authorization), so a recording made with one token replays under
 # another and no secret is written to a file.
 _KEY_HEADER_PREFIXES = ("cf-aig-", "x-edgefire-")
-_KEY_HEADERS = ("x-session-affinity",)
+_KEY_HEADERS = ("x-session-affinity", BINDING_MODEL)
 _UNKEYED = ("cf-aig-authorization", NODE_SECRET)
 _SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -70,9 +74,14 @@ class RequestKey:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def file_name(self) -> str:
-        # What follows the account (and gateway): the model or route, to tell files apart.
+        # What follows the account (and gateway): the model or route, to tell files apart; a
+        # binding call's path has neither, so its route and model header.
         path = self.path.split("?")[0]
-        tail = path.rsplit("/ai/", 1)[1] if "/ai/" in path else "/".join(path.split("/")[4:])
+        model = dict(self.headers).get(BINDING_MODEL)
+        if model:
+            tail = f"{path}/{model}"
+        else:
+            tail = path.rsplit("/ai/", 1)[1] if "/ai/" in path else "/".join(path.split("/")[4:])
         return f"{_SLUG.sub('-', tail.lower()).strip('-')[:60]}-{self.digest[:16]}.json"
 
 

@@ -2,7 +2,8 @@
 Worker under `wrangler dev --env offline` (the plugin's external service) and under
 Miniflare's JS API (remoteProxyConnectionString). Each way: a SmolLM2 answer, a stream, an AI
 Gateway cache HIT seen in the gateway's log, and a bad input and an injected fault thrown as
-InferenceUpstreamError with their codes.
+InferenceUpstreamError with their codes. And the Worker answering from recordings (made
+through Miniflare against a fake node) by a gateway with no node.
 Needs Node 20+ and npm (the npm registry once; later runs reuse node_modules)."""
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import httpx
 import pytest
 
 from bench.soak_fleet import Fleet, free_port, private_fleet
+from tests.gateway_fakes import gateway, heartbeat
+from tests.test_binding_protocol import SECRET, SSE, FakeNode
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "worker"
 STAMP = EXAMPLE / "node_modules" / ".edgefire-lock-sha256"
@@ -58,9 +61,9 @@ def fleet() -> Iterator[Fleet]:
         yield running
 
 
-def _env(fleet: Fleet, token: str | None = None) -> dict[str, str]:
+def _env(gateway_url: str, token: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "EDGEFIRE_API_TOKEN"}
-    env |= {"EDGEFIRE_GATEWAY_URL": fleet.gateway_url,
+    env |= {"EDGEFIRE_GATEWAY_URL": gateway_url,
             # Offline: no request.cf download, no telemetry.
             "CLOUDFLARE_CF_FETCH_ENABLED": "false", "WRANGLER_SEND_METRICS": "false"}
     if token is not None:
@@ -97,9 +100,9 @@ def wrangler_dev(bin_dir: Path, env: dict[str, str], log: Path) -> Iterator[str]
             proc.wait()
 
 
-def _miniflare(fleet: Fleet, paths: list[str]) -> list[tuple[int, str | None, str]]:
+def _miniflare(gateway_url: str, paths: list[str]) -> list[tuple[int, str | None, str]]:
     """examples/worker/miniflare.mjs: (status, content type, body) per path, in order."""
-    done = subprocess.run(["node", "miniflare.mjs", *paths], cwd=EXAMPLE, env=_env(fleet),
+    done = subprocess.run(["node", "miniflare.mjs", *paths], cwd=EXAMPLE, env=_env(gateway_url),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -148,7 +151,7 @@ def _check(answers: dict[str, tuple[int, str | None, str]],
 
 def test_the_worker_under_wrangler_dev(installed, fleet, tmp_path):
     paths = _paths("wrangler")
-    with wrangler_dev(installed, _env(fleet), tmp_path / "wrangler.log") as url, \
+    with wrangler_dev(installed, _env(fleet.gateway_url), tmp_path / "wrangler.log") as url, \
             httpx.Client(base_url=url, timeout=180) as worker:
         answers = {}
         for name, path in paths.items():
@@ -162,7 +165,7 @@ def test_the_worker_under_wrangler_dev(installed, fleet, tmp_path):
 def test_the_plugin_sends_its_token_with_every_call(installed, fleet, tmp_path):
     """injectRequestHeaders reaches the gateway: an unknown token is refused (10000) although
     this machine's calls would otherwise be served as the dev account."""
-    env = _env(fleet, token="ef_not-a-real-token")
+    env = _env(fleet.gateway_url, token="ef_not-a-real-token")
     with wrangler_dev(installed, env, tmp_path / "wrangler.log") as url:
         refused = httpx.get(f"{url}/error", timeout=60).json()
     assert refused["name"] == "InferenceUpstreamError"
@@ -171,5 +174,29 @@ def test_the_plugin_sends_its_token_with_every_call(installed, fleet, tmp_path):
 
 def test_the_worker_under_miniflare(installed, fleet):
     paths = _paths("miniflare")
-    answers = _miniflare(fleet, [*paths.values(), paths["cached"]])
+    answers = _miniflare(fleet.gateway_url, [*paths.values(), paths["cached"]])
     _check(dict(zip(paths, answers, strict=False)), answers[-1])
+
+
+def test_the_worker_answers_from_recordings_with_no_node(installed, serve, tmp_path):
+    """EDGEFIRE_RECORD_DIR, then EDGEFIRE_REPLAY_DIR: Miniflare's wrapped calls recorded against
+    a fake node (no model: this is about the recordings) are answered by a gateway with none."""
+    paths = ["/?max_tokens=8", "/stream?max_tokens=8", "/error"]
+    node = FakeNode()
+    with serve(node) as node_url, gateway(serve, tmp_path, node_secret=SECRET,
+                                          record_dir=tmp_path) as gw:
+        gw.state.settings.binding_account = gw.account_id
+        gw.beat(heartbeat(node_url), SECRET).raise_for_status()
+        recorded = _miniflare(gw.url, paths)
+    assert len(node.bodies) == 3
+    with gateway(serve, tmp_path, replay_dir=tmp_path, replay_speed=0) as gw:
+        gw.state.settings.binding_account = gw.account_id
+        replayed = _miniflare(gw.url, [*paths, "/error?fault=capacity"])
+    assert replayed[:3] == recorded
+    assert json.loads(replayed[0][2])["answer"] == {"response": "answer 1"}
+    assert replayed[1][2].encode() == b"".join(SSE)
+    assert json.loads(replayed[2][2])["message"].startswith("5006: ")
+    status, _, body = replayed[3]  # never recorded: thrown with the replay's code
+    assert status == 400 and json.loads(body)["name"] == "InferenceUpstreamError", body
+    assert json.loads(body)["message"].startswith(
+        "5090: No recording matches this request (POST /run?version=3)"), body

@@ -16,6 +16,8 @@ REQUEST_ID = "cf-ai-req-id"
 STAND_IN = "x-edgefire-stand-in"
 # A request asking the gateway to fail it as production would (edgefire.gateway.faults).
 FAULT = "x-edgefire-fault"
+# A Worker's env.AI names the model of a run() in this header (its body holds only the inputs).
+BINDING_MODEL = "cf-consn-model-id"
 # A conversation's key: the gateway keeps it on the node holding its prefix cache.
 SESSION_AFFINITY = "x-session-affinity"
 
