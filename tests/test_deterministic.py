@@ -91,15 +91,15 @@ def test_plain_float32_linear_rows_depend_on_the_row_count():
     assert any(differ)
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
+@pytest.fixture(scope="module", params=["auto", "float32"])
+def llm(request) -> LLM:
     try:
         resolve_source(WEIGHTS)
     except WeightsNotFoundError as e:
         pytest.skip(str(e))
-    # The node's default dtype; the mode is asked per request (SamplingParams.deterministic), so
-    # one engine runs both the mode and its control.
-    return LLM(SMOL, engine_config=EngineConfig(kv_cache_bytes=128 << 20,
+    # The node's default dtype, and float32, whose GEMM rows vary with every row count. The mode
+    # is asked per request (SamplingParams.deterministic): one engine runs it and its control.
+    return LLM(SMOL, engine_config=EngineConfig(kv_cache_bytes=128 << 20, dtype=request.param,
                                                  max_num_batched_tokens=BUDGET))
 
 
