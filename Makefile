@@ -54,6 +54,7 @@ bench: setup
 	$(PY) -m bench.gateway
 	$(PY) -m bench.codec
 	$(PY) -m bench.quant
+	$(PY) -m bench.deterministic
 	# Ten minutes of 64 clients against a private `make run` fleet; exits 1 on a 5xx or a leak.
 	$(PY) -m bench.soak
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from edgefire.models.precision import dense_precision
 from edgefire.models.rotary import RotaryEmbedding
-from edgefire.models.row_buckets import dense_linear
+from edgefire.models.row_buckets import blocked_linear, dense_linear
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,7 +69,10 @@ Projection = torch.Tensor | ResidentLinear
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
-def _linear(x: torch.Tensor, w: Projection) -> torch.Tensor:
+def _linear(x: torch.Tensor, w: Projection, row_block: int | None = None) -> torch.Tensor:
+    if row_block is not None:
+        return blocked_linear(x, (lambda b: F.linear(b, w)) if isinstance(w, torch.Tensor)
+                              else w.linear, row_block)
     return dense_linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
 
 
@@ -168,8 +171,11 @@ class LlamaForCausalLM:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] after the final norm, in `dtype`."""
+                kv_cache: torch.Tensor, dtype: torch.dtype | None = None,
+                row_block: int | None = None) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] after the final norm, in `dtype`; with row_block,
+        every projection runs in blocks of that many rows (batch-invariant, deterministic mode).
+        """
         c = self.config
         dtype = dtype or self.dtypes[0]
         w = self.params[dtype]
@@ -179,21 +185,22 @@ class LlamaForCausalLM:
         n = h.shape[0]
         for i, layer in enumerate(w.layers):
             x = F.rms_norm(h, (c.hidden_size,), layer.attn_norm, eps)
-            q, k, v = _linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], -1)
+            qkv = _linear(x, layer.qkv, row_block)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
             q, k = w.rotary(positions, q.view(n, c.num_heads, c.head_dim),
                             k.view(n, c.num_kv_heads, c.head_dim))
             attn = self.attention.forward(q, k, v.view(n, c.num_kv_heads, c.head_dim),
                                           kv_cache[i], meta)
-            h = h + _linear(attn, layer.o)
+            h = h + _linear(attn, layer.o, row_block)
             x = F.rms_norm(h, (c.hidden_size,), layer.mlp_norm, eps)
-            gate, up = _linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + _linear(F.silu(gate) * up, layer.down)
+            gate, up = _linear(x, layer.gate_up, row_block).chunk(2, dim=-1)
+            h = h + _linear(F.silu(gate) * up, layer.down, row_block)
         return F.rms_norm(h, (c.hidden_size,), w.final_norm, eps)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, row_block: int | None = None) -> torch.Tensor:
         """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
-        return _linear(hidden, self.params[hidden.dtype].lm_head).float()
+        return _linear(hidden, self.params[hidden.dtype].lm_head, row_block).float()
 
 
 _GGUF_NAMES = {

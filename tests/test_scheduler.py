@@ -309,3 +309,19 @@ def test_finish_and_abort_from_waiting() -> None:
     sched.finish(a, "abort")
     sched.finish(a, "abort")  # idempotent
     assert_drained(sched)
+
+
+def test_a_deterministic_sequence_steps_on_its_grid_whatever_the_others_take():
+    # budget 32, block 4: grid chunks of 16. Another request ahead takes part of the budget;
+    # the deterministic one is never cut to what is left, it waits for its whole chunk.
+    sched = make_scheduler(budget=32)
+    other, det = make_seq(20), make_seq(70, max_tokens=3)
+    det.deterministic = True
+    sched.add(other)
+    sched.add(det)
+    steps = []
+    while det in sched.running or det in sched.waiting:
+        batch = step(sched)
+        steps += [n for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True)
+                  if seq is det]
+    assert steps == [16, 16, 16, 16, 6, 1, 1]

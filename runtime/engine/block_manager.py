@@ -105,12 +105,14 @@ class BlockManager:
         self.num_prefix_queried_tokens += num_query_tokens
         self.num_prefix_hit_tokens += num_hit_tokens
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Publish seq's fully computed blocks in the prefix cache."""
+    def cache_full_blocks(self, seq: Sequence, limit: int | None = None) -> None:
+        """Publish seq's fully computed blocks (at most its first `limit`) in the prefix cache."""
         if not self.enable_prefix_caching:
             return
         self.update_hashes(seq)
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        if limit is not None:
+            num_full = min(num_full, limit)
         for i in range(num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from edgefire.contract.errors import ContextLengthError, InvalidInputError
+from edgefire.runtime.engine import deterministic
 from edgefire.runtime.engine.kv_pool import KVBackendFactory
 from edgefire.runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes_per_block
 from edgefire.runtime.engine.output_processor import OutputProcessor
@@ -35,6 +36,8 @@ class EngineConfig:
     kv_backend: str = "local_paged"
     dtype: str = "auto"  # "float32", "bfloat16", or "auto": chosen per step by its token count
     auto_bfloat16_min_tokens: int = 8
+    # Which requests run batch-invariant (runtime/engine/deterministic.py): off, seeded, all.
+    deterministic: str = "off"
 
     @property
     def precision(self) -> Precision:
@@ -72,6 +75,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.stop_token_ids = frozenset(tokenizer.stop_token_ids)
         self.grammars = Grammars(tokenizer, vocab_size)
+        self.policy = deterministic.Policy.parse(config.deterministic)
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -107,8 +111,10 @@ class LLMEngine:
         self._check_prompt(prompt_token_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        det = self.policy.applies(params.seed, params.deterministic)
         seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
-                       generator, salt)
+                       generator, salt + deterministic.SALT_SUFFIX if det else salt,
+                       deterministic=det)
         if params.json_schema is not None:
             seq.constraint = self.grammars.json_schema(params.json_schema,
                                                        params.json_schema_field)
@@ -169,7 +175,8 @@ class LLMEngine:
         tokens = self.sampler(logits, sample_seqs)
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
             seq.num_computed_tokens += n
-            self.blocks.cache_full_blocks(seq)
+            self.blocks.cache_full_blocks(seq, deterministic.publishable_blocks(
+                seq, self.scheduler.chunk, self.blocks.block_size) if seq.deterministic else None)
         outputs = []
         for seq, token in zip(sample_seqs, tokens, strict=True):
             seq.token_ids.append(token)

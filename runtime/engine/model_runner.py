@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
+from edgefire.runtime.engine.deterministic import ROW_BLOCK
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.engine.scheduler import ScheduledBatch
 from edgefire.runtime.engine.sequence import Sequence
@@ -20,9 +21,11 @@ class CausalLM(Protocol):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: torch.Tensor,
-                dtype: torch.dtype | None = None) -> torch.Tensor: ...
+                dtype: torch.dtype | None = None, row_block: int | None = None
+                ) -> torch.Tensor: ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor,
+                       row_block: int | None = None) -> torch.Tensor: ...
 
 
 def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
@@ -40,8 +43,31 @@ class ModelRunner:
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that reached a new token and their logits."""
+        work = list(zip(batch.seqs, batch.num_scheduled_tokens, strict=True))
+        if not any(seq.deterministic for seq in batch.seqs):
+            return self._forward(work, self.precision.for_step(batch.num_batched_tokens), None)
+        # Deterministic sequences (runtime/engine/deterministic.py) get passes whose shapes and
+        # dtype depend on nothing else in the step: each prefill chunk alone, and all decodes
+        # together in the one-token dtype with fixed row blocks. The rest run as usual.
+        shared = [(seq, n) for seq, n in work if not seq.deterministic]
+        decodes = [(seq, n) for seq, n in work if seq.deterministic and n == 1]
+        passes = [(shared, self.precision.for_step(sum(n for _, n in shared)), None),
+                  (decodes, self.precision.for_step(1), ROW_BLOCK)]
+        passes += [([(seq, n)], self.precision.for_step(n), None)
+                   for seq, n in work if seq.deterministic and n > 1]
+        sample_seqs: list[Sequence] = []
+        logits: list[torch.Tensor] = []
+        for items, dtype, row_block in passes:
+            if items:
+                seqs, rows = self._forward(items, dtype, row_block)
+                sample_seqs += seqs
+                logits.append(rows)
+        return sample_seqs, torch.cat(logits)
+
+    def _forward(self, work: list[tuple[Sequence, int]], dtype: torch.dtype,
+                 row_block: int | None) -> tuple[list[Sequence], torch.Tensor]:
         # Decodes (one new token) first: the attention backend batches them as one group.
-        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_scheduled_tokens[i] > 1)
+        order = sorted(work, key=lambda item: item[1] > 1)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -51,8 +77,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         bs = self.block_size
-        for i in order:
-            seq, n = batch.seqs[i], batch.num_scheduled_tokens[i]
+        for seq, n in order:
             start = seq.num_computed_tokens
             end = start + n
             row = len(input_ids)
@@ -79,10 +104,9 @@ class ModelRunner:
             decode_mask=_decode_mask(lens, tables.shape[1] * bs),
             prefills=prefills,
         )
-        dtype = self.precision.for_step(len(input_ids))
         hidden = self.model.forward(torch.tensor(input_ids), torch.tensor(positions), meta,
-                                    self.kv_cache, dtype)
-        logits = self.model.compute_logits(hidden[sample_rows])
+                                    self.kv_cache, dtype, row_block)
+        logits = self.model.compute_logits(hidden[sample_rows], row_block)
         return sample_seqs, logits
 
 

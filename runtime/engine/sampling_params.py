@@ -33,6 +33,9 @@ class SamplingParams:
     # "object"} for plain JSON mode), enforced token by token (runtime/engine/structured.py).
     json_schema: dict | None = None
     json_schema_field: str = "response_format"  # the input it came from, for error messages
+    # Engine API only (not a Workers AI input): run this request deterministically whatever the
+    # node's policy. Over HTTP the node's EDGEFIRE_DETERMINISTIC policy decides.
+    deterministic: bool = False
 
     @property
     def greedy(self) -> bool:

@@ -3,6 +3,8 @@
 One rule covers prefill, chunked prefill, decode and resume after preemption: every scheduled
 sequence catches its computed tokens up towards its known tokens, as far as the budget allows.
 Running sequences go first (FCFS); new ones are admitted only in steps that preempted nothing.
+A deterministic sequence instead steps on its fixed grid (runtime/engine/deterministic.py): its
+step is never cut by the budget; if it does not fit, it waits for a later step.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from edgefire.runtime.engine import deterministic
 from edgefire.runtime.engine.block_manager import BlockManager
 from edgefire.runtime.engine.sequence import Sequence, SequenceStatus
 
@@ -42,6 +45,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.chunk = deterministic.grid_chunk(config.max_num_batched_tokens,
+                                              block_manager.block_size)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -55,7 +60,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.deterministic:
+                num_new = deterministic.num_new_tokens(seq, seq.num_computed_tokens, self.chunk)
+                if num_new > budget:
+                    i += 1  # its whole grid step, next time
+                    continue
+            else:
+                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.allocate(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -76,8 +87,16 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = self.blocks.find_cached_blocks(seq)
+            if seq.deterministic:
+                del cached[deterministic.reusable_hits(len(cached), self.chunk,
+                                                       self.blocks.block_size):]
             num_cached_tokens = len(cached) * self.blocks.block_size
-            num_new = min(seq.num_tokens - num_cached_tokens, budget)
+            if seq.deterministic:
+                num_new = deterministic.num_new_tokens(seq, num_cached_tokens, self.chunk)
+                if num_new > budget:
+                    break
+            else:
+                num_new = min(seq.num_tokens - num_cached_tokens, budget)
             if not self.blocks.allocate(seq, num_new, cached):
                 break  # FCFS: later arrivals do not jump a request that does not fit yet
             self.blocks.record_prefix_query(seq.num_tokens, num_cached_tokens)

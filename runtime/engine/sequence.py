@@ -33,6 +33,9 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain over full blocks
     finish_reason: str | None = None
     constraint: Constraint | None = None  # structured output: what may come next
+    # Batch-invariant arithmetic (runtime/engine/deterministic.py): fixed prefill grid, own
+    # forward passes, prefix cache shared only on whole grid chunks.
+    deterministic: bool = False
     arrival_time: float = field(default_factory=time.monotonic)
 
     @property

@@ -93,7 +93,8 @@ def build_served_model(spec: ModelSpec, settings: NodeSettings,
         config = EngineConfig(kv_cache_bytes=settings.kv_cache_mib << 20,
                               max_num_seqs=settings.max_num_seqs,
                               max_num_batched_tokens=settings.max_num_batched_tokens,
-                              dtype=settings.dtype, kv_backend=settings.kv_backend)
+                              dtype=settings.dtype, kv_backend=settings.kv_backend,
+                              deterministic=settings.deterministic)
         engine, loaded = build_engine(spec, config)
         memory = loaded.model.weight_bytes + engine.kv_pool_bytes
         return ServedLM(spec, AsyncEngine(engine, compute), loaded.tokenizer,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from edgefire.runtime.engine.deterministic import Policy
 
 
 class NodeSettings(BaseSettings):
@@ -23,3 +26,12 @@ class NodeSettings(BaseSettings):
     gateway_url: str | None = None  # set, the node heartbeats to this gateway
     public_url: str | None = None  # the URL the gateway reaches this node at
     heartbeat_interval_s: float = 2.0
+    # Batch-invariant requests (README, "Deterministic mode"): "1"/"all" every request,
+    # "seeded" those that carry a seed, "0"/"off" none.
+    deterministic: str = "off"
+
+    @field_validator("deterministic", mode="before")
+    @classmethod
+    def _policy(cls, value: object) -> str:
+        # Checked at start-up, not at the first model load; stored as the canonical name.
+        return Policy.parse(str(value)).value
