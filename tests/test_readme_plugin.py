@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from edgefire.contract.catalog import Catalog
+from edgefire.contract.errors import InvalidInputError
 from edgefire.gateway.node_auth import NodeCredentials
 from edgefire.gateway.plugins import GatewayPluginHost
 from edgefire.gateway.providers.base import ProviderContext, UpstreamRequest
@@ -63,10 +64,16 @@ def test_readme_codec_round_trips(readme_plugin):
 @pytest.mark.slow
 def test_readme_usage_runs(readme_plugin, capsys):
     _plugin, usage, _gateway_plugin = _blocks("python")
-    exec(compile(usage, "README.md:usage", "exec"), {})
+    scope: dict = {}
+    exec(compile(usage, "README.md:usage", "exec"), scope)
     printed = capsys.readouterr().out.strip()
     token_ids = [int(t) for t in printed.strip("[]").split(",")]
     assert len(token_ids) == 4
+    # The README's model predates deterministic mode (its forward takes no row_block): it
+    # serves ordinary requests, and a deterministic one is refused, not run differently.
+    params = scope["SamplingParams"](max_tokens=2, temperature=0, deterministic=True)
+    with pytest.raises(InvalidInputError, match="cannot run deterministically"):
+        scope["llm"].generate("Once upon a", params)
 
 
 def test_readme_gateway_provider_takes_its_upstreams_in_turn():

@@ -112,6 +112,9 @@ class LLMEngine:
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         det = self.policy.applies(params.seed, params.deterministic)
+        if det and not self.runner.row_blocks:
+            raise InvalidInputError("this model cannot run deterministically: its forward and "
+                                    "compute_logits take no row_block", field="deterministic")
         seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params,
                        generator, salt + deterministic.SALT_SUFFIX if det else salt,
                        deterministic=det)

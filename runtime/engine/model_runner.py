@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol
 
 import torch
@@ -40,6 +41,10 @@ class ModelRunner:
         self.block_size = block_size
         self.precision = precision
         self.kv_cache = kv_cache
+        # Deterministic mode needs the model to run its projections in fixed row blocks; a
+        # plugin model written before `row_block` existed still serves every other request.
+        self.row_blocks = all("row_block" in inspect.signature(method).parameters
+                              for method in (model.forward, model.compute_logits))
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that reached a new token and their logits."""
@@ -104,9 +109,10 @@ class ModelRunner:
             decode_mask=_decode_mask(lens, tables.shape[1] * bs),
             prefills=prefills,
         )
+        blocks = {} if row_block is None else {"row_block": row_block}
         hidden = self.model.forward(torch.tensor(input_ids), torch.tensor(positions), meta,
-                                    self.kv_cache, dtype, row_block)
-        logits = self.model.compute_logits(hidden[sample_rows], row_block)
+                                    self.kv_cache, dtype, **blocks)
+        logits = self.model.compute_logits(hidden[sample_rows], **blocks)
         return sample_seqs, logits
 
 
