@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tests.gateway_fakes import Seen
+from tests.gateway_fakes import Seen, read_json
 
 WORDS = ["Stand", "-in", " answers", " are", " still", " answers", "."]
 USAGE = {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
@@ -20,12 +20,7 @@ class ModelUpstream:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        raw, more = b"", True
-        while more:
-            message = await receive()
-            raw += message.get("body", b"")
-            more = message.get("more_body", False)
-        body = json.loads(raw) if raw else {}
+        body = await read_json(receive)
         path = scope["path"]
         self.seen.append(Seen(scope["raw_path"].decode(), scope["query_string"].decode(),
                               {k.decode(): v.decode() for k, v in scope["headers"]}, body))

@@ -23,6 +23,16 @@ MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 ANSWER = {"result": {"response": "hi"}, "success": True, "errors": [], "messages": []}
 
 
+async def read_json(receive) -> dict:
+    """An ASGI request's whole body as JSON ({} when empty): what every fake upstream reads."""
+    raw, more = b"", True
+    while more:
+        message = await receive()
+        raw += message.get("body", b"")
+        more = message.get("more_body", False)
+    return json.loads(raw) if raw else {}
+
+
 @dataclass(slots=True)
 class Seen:
     path: str  # as sent on the wire, escapes included
@@ -43,12 +53,7 @@ class RecordingUpstream:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        raw, more = b"", True
-        while more:
-            message = await receive()
-            raw += message.get("body", b"")
-            more = message.get("more_body", False)
-        body = json.loads(raw) if raw else {}
+        body = await read_json(receive)
         self.seen.append(Seen(scope["raw_path"].decode(), scope["query_string"].decode(),
                               {k.decode(): v.decode() for k, v in scope["headers"]}, body))
         if body.get("hang"):
@@ -113,12 +118,7 @@ class CountingNode:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        raw, more = b"", True
-        while more:
-            message = await receive()
-            raw += message.get("body", b"")
-            more = message.get("more_body", False)
-        body = json.loads(raw) if raw else {}
+        body = await read_json(receive)
         self.calls += 1
         text = f"answer {self.calls}"
         if body.get("prompt") == "fail":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.gateway_fakes import MODEL, Gateway, gateway, heartbeat
+from tests.gateway_fakes import MODEL, Gateway, gateway, heartbeat, read_json
 
 SECRET = "fleet-secret"
 SSE = (b'data: {"response":"Hel"}\n\n', b'data: {"response":"lo"}\n\n',
@@ -50,11 +50,7 @@ class FakeNode:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        raw, more = b"", True
-        while more:
-            message = await receive()
-            raw, more = raw + message.get("body", b""), message.get("more_body", False)
-        body = json.loads(raw)
+        body = await read_json(receive)
         self.bodies.append(body)
         if body.get("stream"):
             await send({"type": "http.response.start", "status": 200,
