@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgefire-installed
 KERNEL_STAMP := $(VENV)/.edgefire-kernels
 KERNELS := $(wildcard models/attention/*.cpp plugins/unweight/*.cpp)
+# Debian's Chromium, for the dashboard's browser tests (Playwright drives it by executable_path;
+# no `playwright install`, nothing downloaded by the tests). `make run` does not need it.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 CITY ?= fra
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
@@ -35,7 +39,12 @@ run: setup
 generate: setup
 	$(VENV)/bin/edgefire generate "$(PROMPT)" --temperature 0 --max-tokens 64
 
-test: setup
+# Installed only when missing: the file is its own up-to-date check.
+$(CHROMIUM):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+test: setup $(CHROMIUM)
 	$(PY) -m pytest -q
 
 test-fast: setup
