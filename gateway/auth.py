@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping
 
 from edgefire.contract.errors import AuthenticationError, ForbiddenError
@@ -38,3 +39,11 @@ class Authenticator:
         if account_id not in owners:
             raise ForbiddenError("Authentication error: the token does not grant access to "
                                  "this account")
+
+
+def check_admin(headers: Mapping[str, str], admin_token: str | None, what: str) -> None:
+    """401 unless the request carries the operator's admin token (none set: always 401)."""
+    sent = bearer(headers.get("authorization")) or ""
+    if not admin_token or not hmac.compare_digest(sent.encode(), admin_token.encode()):
+        raise AuthenticationError(f"Authentication error: {what} needs the admin token "
+                                  "(EDGEFIRE_ADMIN_TOKEN) as Authorization: Bearer")

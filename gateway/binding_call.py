@@ -32,7 +32,7 @@ BINDING_PATHS = ("/", "/run", "/ai-gateway/run", "/ai-api/models/search",
 # The binding paths that run a model; models search and getLog only read.
 INFERENCE_PATHS = ("/run", "/ai-gateway/run")
 BINDING_HOST = "workers-binding.ai"  # the host of every URL the binding fetches
-_MF_URL, _MF_HEADER = "mf-url", "mf-header-"
+MF_URL, _MF_HEADER = "mf-url", "mf-header-"
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", BINDING_HOST})
 # BINDING_PATHS as the router matches them ({name}: one path segment).
 _ROUTED = re.compile("|".join(re.sub(r"\{\w+\}", "[^/]+", path) for path in BINDING_PATHS))
@@ -50,7 +50,7 @@ class BindingCall:
     @classmethod
     def of(cls, scope: Scope) -> BindingCall:
         outer = dict(Headers(scope=scope))
-        target = outer.get(_MF_URL)
+        target = outer.get(MF_URL)
         if target is None:
             return cls(scope["method"], scope["path"], QueryParams(scope["query_string"]), outer)
         url = urlsplit(target)
@@ -80,7 +80,7 @@ def binding_account(scope: Scope, call: BindingCall, accounts: AccountStore,
         if account_id is None:
             raise AuthenticationError()
         return account_id
-    if fallback and _from_this_machine(scope):
+    if fallback and from_this_machine(scope):
         return fallback
     raise AuthenticationError(
         "Authentication error: env.AI calls need an account token (Authorization: Bearer, "
@@ -88,7 +88,7 @@ def binding_account(scope: Scope, call: BindingCall, accounts: AccountStore,
         "them without one, from this machine")
 
 
-def _from_this_machine(scope: Scope) -> bool:
+def from_this_machine(scope: Scope) -> bool:
     """Loopback peer, and the outer Host is loopback or the binding's (never MF-Header-host:
     a page could set that one)."""
     client = scope.get("client")

@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS logs (
     step INTEGER,
     node TEXT,
     stand_in TEXT,
+    request_body TEXT,
+    response_body TEXT,
     created_at REAL NOT NULL,
     FOREIGN KEY (account_id, gateway_id) REFERENCES gateways (account_id, id) ON DELETE CASCADE
 );
@@ -68,7 +70,8 @@ CREATE INDEX IF NOT EXISTS logs_by_time ON logs (created_at);
 """
 
 # (table, column, type) added to an existing database on open; new databases have them.
-_ADDED_COLUMNS = (("logs", "stand_in", "TEXT"),)
+_ADDED_COLUMNS = (("logs", "stand_in", "TEXT"), ("logs", "request_body", "TEXT"),
+                  ("logs", "response_body", "TEXT"))
 
 Params = Sequence[object]
 

@@ -104,6 +104,7 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
         settings.binding_account = dev["account_id"]
     env = {**os.environ, "EDGEFIRE_GATEWAY_URL": base, "EDGEFIRE_NODE_SECRET": settings.node_secret}
     state = GatewayState.build(settings)
+    state.dev_session = (dev["account_id"], dev["token"])  # the dashboard's sign-in
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=settings.gateway_host,
                                            port=settings.gateway_port, log_level="info"))
     # Replaying answers from recordings only: no node is started (or needed).
@@ -163,6 +164,7 @@ edgefire gateway on {base}
   account: {dev['account_id']}
   token:   {dev['token']}        (kept in .edgefire/dev.json, with the admin_token
                                   for {base}/internal/nodes)
+dashboard: {base}/
 try:
   curl {base}/client/v4/accounts/{dev['account_id']}/ai/run/{model} \\
     -H "Authorization: Bearer {dev['token']}" -d '{{"prompt": "Hello!"}}'

@@ -15,6 +15,9 @@ from edgefire.contract.errors import InvalidInputError, NotFoundError
 from edgefire.gateway.db import Database, iso_time
 
 MAX_PER_PAGE = 100
+# A log keeps the request and response bodies up to this many bytes each (AI Gateway's log
+# detail shows both); a longer body keeps its head and says how much was cut.
+BODY_LIMIT = 32 * 1024
 # Age pruning runs on a write at most this often, deleting at most a batch at a time, so that
 # neither a busy gateway nor a first prune of a large backlog stalls the event loop for long.
 AGE_PRUNE_INTERVAL_S = 60.0
@@ -63,6 +66,8 @@ class LogRecord:
     step: int | None = None
     node: str | None = None  # the edge node that served the request (an emulator extension)
     stand_in: str | None = None  # the model that answered for `model` (edgefire.gateway.stand_in)
+    request_body: str | None = None  # as the gateway received it, up to BODY_LIMIT
+    response_body: str | None = None  # as the client received it (a stream's events), ditto
     created_at: float = field(default_factory=time.time)
     id: str = ""  # assigned from created_at when left empty
 
@@ -93,6 +98,46 @@ class LogRecord:
         }
 
 
+def scalar_object(raw: str, field: str) -> dict:
+    """raw as a JSON object of scalar values (a log's metadata), or 5006 naming field."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not all(
+            isinstance(v, str | int | float | bool) or v is None for v in data.values()):
+        raise InvalidInputError(f"{field} must be a JSON object of scalar values", field=field)
+    return data
+
+
+def captured_body(body: bytes, size: int | None = None) -> str:
+    """body (the head of `size` bytes, if given) as text for a log: at most BODY_LIMIT bytes,
+    then a marker saying how many were cut."""
+    size = len(body) if size is None else size
+    text = body[:BODY_LIMIT].decode("utf-8", "replace")
+    if size > BODY_LIMIT:
+        text += f"\n[truncated: {size - BODY_LIMIT} more bytes]"
+    return text
+
+
+class BodyCapture:
+    """The head of a streamed body, as much as a log keeps of it, and the whole body's size."""
+
+    __slots__ = ("_head", "_size")
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if len(self._head) < BODY_LIMIT:
+            self._head += chunk[:BODY_LIMIT - len(self._head)]
+
+    def text(self) -> str:
+        return captured_body(bytes(self._head), self._size)
+
+
 def _record(row: sqlite3.Row) -> LogRecord:
     values = dict(row)
     values["success"] = bool(values["success"])
@@ -102,7 +147,9 @@ def _record(row: sqlite3.Row) -> LogRecord:
 
 
 def _where(account_id: str, gateway_id: str, success: bool | None, cached: bool | None,
-           provider: str | None, model: str | None) -> tuple[str, list[object]]:
+           provider: str | None, model: str | None,
+           metadata: dict | None = None) -> tuple[str, list[object]]:
+    """SQL for the filters; `metadata` matches logs whose metadata has every given entry."""
     clauses = ["account_id = ?", "gateway_id = ?"]
     params: list[object] = [account_id, gateway_id]
     for column, value in (("success", success), ("cached", cached), ("provider", provider),
@@ -110,6 +157,12 @@ def _where(account_id: str, gateway_id: str, success: bool | None, cached: bool 
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
+    for key, value in (metadata or {}).items():
+        if '"' in key or "\\" in key:
+            raise InvalidInputError("metadata keys may not contain quotes or backslashes",
+                                    field="metadata")
+        clauses.append("json_extract(metadata, ?) IS ?")
+        params += [f'$."{key}"', value]
     return " AND ".join(clauses), params
 
 
@@ -195,13 +248,15 @@ class LogStore:
     def list(self, account_id: str, gateway_id: str, *, page: int = 1, per_page: int = 20,
              success: bool | None = None, cached: bool | None = None,
              provider: str | None = None, model: str | None = None,
+             metadata: dict | None = None,
              order_desc: bool = True) -> tuple[list[LogRecord], int]:
         """One page of the gateway's logs, oldest or newest first, and the total that match."""
         if type(page) is not int or page < 1:
             raise InvalidInputError("page must be a positive integer", field="page")
         if type(per_page) is not int or not 1 <= per_page <= MAX_PER_PAGE:
             raise InvalidInputError(f"per_page must be 1..{MAX_PER_PAGE}", field="per_page")
-        where, params = _where(account_id, gateway_id, success, cached, provider, model)
+        where, params = _where(account_id, gateway_id, success, cached, provider, model,
+                               metadata)
         total = self.db.query(f"SELECT COUNT(*) FROM logs WHERE {where}", params)[0][0]
         direction = "DESC" if order_desc else "ASC"
         rows = self.db.query(
@@ -211,7 +266,8 @@ class LogStore:
 
     def delete(self, account_id: str, gateway_id: str, *, success: bool | None = None,
                cached: bool | None = None, provider: str | None = None,
-               model: str | None = None) -> int:
+               model: str | None = None, metadata: dict | None = None) -> int:
         """Delete the gateway's logs that match every given filter; how many went."""
-        where, params = _where(account_id, gateway_id, success, cached, provider, model)
+        where, params = _where(account_id, gateway_id, success, cached, provider, model,
+                               metadata)
         return self.db.execute(f"DELETE FROM logs WHERE {where}", params)

@@ -90,6 +90,8 @@ def _admin_paths() -> dict:
     filters = [parameter(name, "query", {"enum": ["true", "false"]})
                for name in ("success", "cached")]
     filters += [parameter(name, "query") for name in ("provider", "model")]
+    filters.append(parameter("metadata", "query", description="a JSON object of scalar values "
+                                                              "every matching log's metadata has"))
     page = [parameter(name, "query", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE})
             for name in ("page", "per_page")]
     order = parameter("order_by_direction", "query", {"enum": ["asc", "desc"]})
@@ -116,6 +118,21 @@ def _admin_paths() -> dict:
                          parameters=[*one, *filters])},
         f"{gateways}/{{gateway_id}}/logs/{{log_id}}": {
             "get": op("logs-get", "One log", parameters=[*one, parameter("log_id", "path")])},
+        f"{gateways}/{{gateway_id}}/logs/{{log_id}}/request": {
+            "get": op("logs-request", "The request body a log kept",
+                      parameters=[*one, parameter("log_id", "path")])},
+        f"{gateways}/{{gateway_id}}/logs/{{log_id}}/response": {
+            "get": op("logs-response", "The response body a log kept",
+                      parameters=[*one, parameter("log_id", "path")])},
+        f"{ACCOUNT}/ai/fleet": {
+            "get": op("fleet", "Every city: health, load, loaded models, which models it may "
+                      "host", ok=envelope({"type": "object"}), parameters=account)},
+        f"{ACCOUNT}/ai/metrics/history": {
+            "get": op("metrics-history", "The account's request, token, latency, cache and "
+                      "error series over the last minutes", ok=envelope({"type": "object"}),
+                      parameters=[*account, parameter(
+                          "window_s", "query", {"type": "integer", "minimum": 10,
+                                                "maximum": 600})])},
     }
 
 
@@ -125,6 +142,7 @@ def _fleet_paths() -> dict:
             "heartbeat", "A node reports itself", body=HEARTBEAT,
             security=[{"nodeSecret": []}, {}])},
         "/internal/nodes": {"get": operation("nodes", "The node directory")},
+        "/metrics": {"get": operation("metrics", "Prometheus metrics (admin token)")},
         "/health": {"get": operation("health", "The gateway and its healthy nodes")},
         OPENAPI_PATH: {"get": operation("openapi", "This document")},
     }

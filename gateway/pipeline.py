@@ -7,7 +7,6 @@ A streamed answer is passed through as it arrives and logged when it ends.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -18,6 +17,7 @@ from starlette.responses import Response, StreamingResponse
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.errors import (
+    EdgefireError,
     InvalidInputError,
     NotFoundError,
     RateLimitedError,
@@ -25,7 +25,7 @@ from edgefire.contract.errors import (
     UnknownModelError,
     UpstreamError,
 )
-from edgefire.contract.headers import FAULT, PROMPT_TOKENS, STAND_IN
+from edgefire.contract.headers import FAULT, NODE, PROMPT_TOKENS, STAND_IN
 from edgefire.contract.http_errors import is_openai_path
 from edgefire.gateway.cache import (
     CachedResponse,
@@ -36,7 +36,14 @@ from edgefire.gateway.cache import (
 )
 from edgefire.gateway.faults import FaultInjector, FaultPlan, parse_fault
 from edgefire.gateway.gateways import GatewayConfig
-from edgefire.gateway.logs import LogRecord, LogStore
+from edgefire.gateway.logs import (
+    BodyCapture,
+    LogRecord,
+    LogStore,
+    captured_body,
+    scalar_object,
+)
+from edgefire.gateway.metrics import GatewayMetrics
 from edgefire.gateway.pricing import apply_custom_cost, cost_usd, parse_custom_cost
 from edgefire.gateway.providers.base import Provider, UpstreamRequest, UpstreamResponse
 from edgefire.gateway.ratelimit import RateLimiter
@@ -93,20 +100,26 @@ class _Answer:
 class Pipeline:
     def __init__(self, providers: dict[str, Provider], cache: ResponseCache,
                  limiter: RateLimiter, logs: LogStore, catalog: Catalog,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None,
+                 metrics: GatewayMetrics | None = None) -> None:
         self.providers = providers
         self.cache = cache
         self.limiter = limiter
         self.logs = logs
         self.catalog = catalog
         self.faults = faults or FaultInjector(False, [], catalog)
+        self.metrics = metrics or GatewayMetrics()
 
     async def handle(self, request: GatewayRequest) -> Response:
         started = time.perf_counter()
-        check_attempts(request)
-        self.faults.check(step.fault for step in request.steps)
-        await self._charge(request)  # the request itself, answered from the cache or not
-        answer = await self._first_answer(request)
+        try:
+            check_attempts(request)
+            self.faults.check(step.fault for step in request.steps)
+            await self._charge(request)  # the request itself, answered from the cache or not
+            answer = await self._first_answer(request)
+        except EdgefireError as exc:
+            self.metrics.refused(request.account_id, isinstance(exc, RateLimitedError))
+            raise
         return self._respond(request, answer, started)
 
     async def _charge(self, request: GatewayRequest) -> None:
@@ -180,32 +193,49 @@ class Pipeline:
             headers["cf-aig-cache-status"] = "HIT" if answer.cached else "MISS"
         if request.universal:
             headers["cf-aig-step"] = str(answer.step)
+        if upstream.node:
+            headers[NODE] = upstream.node
         record = self._log_record(request, answer, step) if self._collect(request, step) else None
         if record is not None:
             headers["cf-aig-log-id"] = record.id
         if upstream.chunks is None:
+            tokens = tokens_from_json(upstream.body)
+            self.metrics.answered(request.account_id, upstream.status, answer.cached,
+                                  tokens.tokens_out, started)
             if record is not None:
-                self._finish_log(record, step, tokens_from_json(upstream.body), started)
+                record.response_body = captured_body(upstream.body)
+                self._finish_log(record, step, tokens, started)
             return Response(upstream.body, upstream.status, headers)
-        relay = self._relay(upstream, record, step, started, is_openai_path(request.path))
+        relay = self._relay(request.account_id, upstream, record, step, started,
+                            is_openai_path(request.path))
         return StreamingResponse(relay, upstream.status, headers)
 
-    async def _relay(self, upstream: UpstreamResponse, record: LogRecord | None, step: Step,
-                     started: float, openai: bool) -> AsyncIterator[bytes]:
+    async def _relay(self, account_id: str, upstream: UpstreamResponse,
+                     record: LogRecord | None, step: Step, started: float,
+                     openai: bool) -> AsyncIterator[bytes]:
         tail = b""
         meter = StreamMeter(upstream.headers.get(PROMPT_TOKENS))
+        clock = self.metrics.stream_clock(account_id, started)
+        head = BodyCapture() if record is not None else None
         try:
             async for chunk in guarded(upstream.chunks, upstream.headers, openai):
                 tail = (tail + chunk)[-_TAIL_BYTES:]
                 meter.feed(chunk)
+                clock.events(meter.text_events)
+                if head is not None:
+                    head.feed(chunk)
                 yield chunk
         finally:
             # A client that leaves cancels this body; the upstream and the log still close.
             with anyio.CancelScope(shield=True):
                 if upstream.close is not None:
                     await upstream.close()
-                if record is not None:
-                    self._finish_log(record, step, meter.tokens(tail), started)
+                tokens = meter.tokens(tail)
+                self.metrics.answered(account_id, upstream.status, False, tokens.tokens_out,
+                                      started)
+                if record is not None and head is not None:
+                    record.response_body = head.text()
+                    self._finish_log(record, step, tokens, started)
 
     def _collect(self, request: GatewayRequest, step: Step) -> bool:
         if request.gateway is None:
@@ -222,7 +252,8 @@ class Pipeline:
             status_code=answer.response.status, success=answer.response.ok,
             cached=answer.cached, metadata=step.metadata,
             step=answer.step if request.universal else None, node=answer.response.node,
-            stand_in=answer.response.headers.get(STAND_IN))
+            stand_in=answer.response.headers.get(STAND_IN),
+            request_body=captured_body(step.request.body))
 
     def _finish_log(self, record: LogRecord, step: Step, tokens: Tokens, started: float) -> None:
         record.tokens_in, record.tokens_out = tokens.tokens_in, tokens.tokens_out
@@ -269,12 +300,4 @@ def parse_metadata(headers: Mapping[str, str]) -> dict:
     raw = headers.get("cf-aig-metadata")
     if raw is None:
         return {}
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict) or not all(
-            isinstance(v, str | int | float | bool) or v is None for v in data.values()):
-        raise InvalidInputError("cf-aig-metadata must be a JSON object of scalar values",
-                                field="cf-aig-metadata")
-    return dict(list(data.items())[:5])
+    return dict(list(scalar_object(raw, "cf-aig-metadata").items())[:5])

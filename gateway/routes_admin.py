@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import hmac
+import json
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgefire.contract.bodies import page_number, read_json
 from edgefire.contract.envelope import success
-from edgefire.contract.errors import AuthenticationError, InvalidInputError, NotFoundError
+from edgefire.contract.errors import InvalidInputError, NotFoundError
 from edgefire.contract.headers import NODE_SECRET
-from edgefire.gateway.auth import bearer
+from edgefire.gateway.auth import check_admin
+from edgefire.gateway.logs import LogRecord, scalar_object
 from edgefire.gateway.state import GatewayState
 
 
@@ -58,17 +59,27 @@ class AdminRoutes:
         rows, total = self.state.logs.list(
             account_id, gateway.id, page=page, per_page=per_page, success=_bool(q, "success"),
             cached=_bool(q, "cached"), provider=q.get("provider"), model=q.get("model"),
-            order_desc=q.get("order_by_direction", "desc") != "asc")
+            metadata=_metadata(q), order_desc=q.get("order_by_direction", "desc") != "asc")
         info = {"page": page, "per_page": per_page, "count": len(rows), "total_count": total}
         return success([r.to_json() for r in rows], info)
 
     async def get_log(self, request: Request) -> Response:
+        return success(self._log(request).to_json())
+
+    async def get_log_request(self, request: Request) -> Response:
+        """The request body a log kept, as AI Gateway's `logs/{id}/request` gives it."""
+        return success(_body(self._log(request).request_body))
+
+    async def get_log_response(self, request: Request) -> Response:
+        return success(_body(self._log(request).response_body))
+
+    def _log(self, request: Request) -> LogRecord:
         account_id = self._account(request)
         gateway = self._gateway(account_id, request)
         record = self.state.logs.get(account_id, gateway.id, request.path_params["log_id"])
         if record is None:
             raise NotFoundError("log not found", field="log_id")
-        return success(record.to_json())
+        return record
 
     async def delete_logs(self, request: Request) -> Response:
         account_id = self._account(request)
@@ -76,7 +87,7 @@ class AdminRoutes:
         q = request.query_params
         deleted = self.state.logs.delete(account_id, gateway.id, success=_bool(q, "success"),
                                          cached=_bool(q, "cached"), provider=q.get("provider"),
-                                         model=q.get("model"))
+                                         model=q.get("model"), metadata=_metadata(q))
         return success({"deleted": deleted})
 
     def _gateway(self, account_id: str, request: Request):
@@ -98,11 +109,7 @@ class AdminRoutes:
 
     async def nodes(self, request: Request) -> Response:
         """The directory, node URLs and load included: for the operator only."""
-        token = self.state.settings.admin_token
-        sent = bearer(request.headers.get("authorization")) or ""
-        if not token or not hmac.compare_digest(sent.encode(), token.encode()):
-            raise AuthenticationError("Authentication error: /internal/nodes needs the admin token "
-                            "(EDGEFIRE_ADMIN_TOKEN) as Authorization: Bearer")
+        check_admin(request.headers, self.state.settings.admin_token, "/internal/nodes")
         return JSONResponse(self.state.directory.to_json())
 
     async def health(self, request: Request) -> Response:
@@ -127,3 +134,19 @@ def _bool(query, name: str) -> bool | None:
     if raw not in ("true", "false"):
         raise InvalidInputError(f"{name} must be true or false", field=name)
     return raw == "true"
+
+
+def _metadata(query) -> dict | None:
+    """`metadata`: a JSON object of scalar entries, all of which a log's metadata must have."""
+    raw = query.get("metadata")
+    return None if raw is None else scalar_object(raw, "metadata")
+
+
+def _body(text: str | None) -> object:
+    """A kept body as JSON when it is JSON (a truncated one is not), else as text."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -46,12 +46,8 @@ class StandIns:
                 f"{_HINT}", field="model")
         largest = max(node.memory_budget_bytes for node in directory.healthy()) >> 20
         raise ModelUnavailableError(
-            f"{spec.id} needs {_need(spec) >> 20} MiB, more than any live node offers "
+            f"{spec.id} needs {spec.need_bytes >> 20} MiB, more than any live node offers "
             f"(largest budget {largest} MiB); {_HINT}", field="model")
-
-
-def _need(spec: ModelSpec) -> int:
-    return int(spec.extra.get("memory_mib", 0)) << 20
 
 
 def _hostable(spec: ModelSpec, directory: NodeDirectory) -> bool:
@@ -60,7 +56,7 @@ def _hostable(spec: ModelSpec, directory: NodeDirectory) -> bool:
     if not spec.runnable or not spec.weights:
         return False
     live = directory.healthy()
-    return not live or any(node.can_hold(spec.id, _need(spec)) for node in live)
+    return not live or any(node.can_hold(spec.id, spec.need_bytes) for node in live)
 
 
 def _checked(catalog: Catalog, model: str) -> ModelSpec:

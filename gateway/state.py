@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from edgefire.contract.catalog import Catalog
-from edgefire.contract.cities import all_cities
+from edgefire.contract.cities import City, all_cities
 from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.auth import Authenticator
 from edgefire.gateway.batches import BatchStore
@@ -16,6 +16,7 @@ from edgefire.gateway.db import Database
 from edgefire.gateway.faults import FaultInjector, load_rules
 from edgefire.gateway.gateways import GatewayStore
 from edgefire.gateway.logs import LogRetention, LogStore
+from edgefire.gateway.metrics import GatewayMetrics
 from edgefire.gateway.node_auth import NodeCredentials
 from edgefire.gateway.pipeline import Pipeline
 from edgefire.gateway.plugins import load_gateway_plugins
@@ -44,6 +45,10 @@ class GatewayState:
     redis_health: RedisHealth | None  # None: no Redis configured
     node_credentials: NodeCredentials
     batches: BatchStore
+    metrics: GatewayMetrics
+    cities: list[City]
+    # (account id, token) the dashboard signs a loopback browser in as: `edge-gateway dev` only
+    dev_session: tuple[str, str] | None = field(default=None)
 
     @classmethod
     def build(cls, settings: GatewaySettings, db: Database | None = None) -> GatewayState:
@@ -58,19 +63,22 @@ class GatewayState:
         directory = NodeDirectory(
             heartbeat_timeout_s=settings.heartbeat_timeout_s, max_nodes=settings.max_nodes,
             max_models=settings.max_heartbeat_models, startup_hold_s=settings.startup_hold_s)
-        cities = {c.code: (c.lat, c.lon) for c in all_cities()}
+        cities = all_cities()
         http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
         providers = _providers(catalog, http, directory, credentials, config["providers"],
                                settings.stand_in_model or None)
         faults = FaultInjector(settings.fault_injection, load_rules(config["faults"], catalog),
                                catalog)
+        metrics = GatewayMetrics()
         pipeline = Pipeline(providers, make_cache(settings), make_rate_limiter(settings), logs,
-                            catalog, faults)
+                            catalog, faults, metrics)
         redis_health = (RedisHealth(settings.redis_url, settings.redis_timeout_s)
                         if settings.redis_url else None)
         return cls(settings, catalog, db, accounts, gateways, logs, Authenticator(accounts),
-                   directory, ClientLocator(config["ip_map"], cities), providers, pipeline, http,
-                   redis_health, credentials, BatchStore(db, settings.batch_retention_s))
+                   directory, ClientLocator(config["ip_map"], {c.code: (c.lat, c.lon)
+                                                               for c in cities}),
+                   providers, pipeline, http, redis_health, credentials,
+                   BatchStore(db, settings.batch_retention_s), metrics, cities)
 
     def interactive_waiting(self) -> bool:
         """A routable node has interactive requests queued: batch work waits for it."""

@@ -41,7 +41,7 @@ def tokens_from_sse(tail: bytes) -> Tokens:
 
 
 # An event that carries text: a native `{"response": "…"}` or an OpenAI `"content": "…"` delta.
-_TEXT_EVENT = re.compile(rb'^data: \{.*"(?:response|content)":"(?:[^"\\]|\\.)', re.M)
+_TEXT_EVENT = re.compile(rb'^data: \{.*"(?:response|content)": ?"(?:[^"\\]|\\.)', re.M)
 
 
 class StreamMeter:

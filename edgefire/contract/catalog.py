@@ -30,6 +30,11 @@ class ModelSpec:
     codec: str = "identity"  # weight codec plugin the weights pass through on load
     extra: dict = field(default_factory=dict)  # fields later features read (prices, config, …)
 
+    @property
+    def need_bytes(self) -> int:
+        """The memory a node must have free to load this model (the catalog's memory_mib)."""
+        return int(self.extra.get("memory_mib", 0)) << 20
+
 
 class Catalog:
     def __init__(self, specs: list[ModelSpec]) -> None:

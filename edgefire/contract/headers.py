@@ -16,6 +16,8 @@ REQUEST_ID = "cf-ai-req-id"
 STAND_IN = "x-edgefire-stand-in"
 # A request asking the gateway to fail it as production would (edgefire.gateway.faults).
 FAULT = "x-edgefire-fault"
+# On an answer an edge node made: the node's city (a cached answer has none).
+NODE = "x-edgefire-node"
 # A Worker's env.AI names the model of a run() in this header (its body holds only the inputs).
 BINDING_MODEL = "cf-consn-model-id"
 # A conversation's key: the gateway keeps it on the node holding its prefix cache.

@@ -38,7 +38,7 @@ class WorkersAIProvider:
         spec, stood_in = self.stand_ins.serving(model_id, self.context.directory)
         if stood_in:
             request = _for_stand_in(request, spec.id)
-        need = int(spec.extra.get("memory_mib", 0)) << 20
+        need = spec.need_bytes
         directory = self.context.directory
         session = (request.account_id, request.session_id) if request.session_id else None
         nodes = directory.candidates(spec.id, need, request.location, session)

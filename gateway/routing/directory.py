@@ -167,6 +167,14 @@ class NodeDirectory:
                       for n in self.nodes()],
         }
 
+    def is_live(self, node: NodeState) -> bool:
+        """Heard from within the heartbeat timeout (routable or not)."""
+        return self._is_live(node, self._clock())
+
+    def age_s(self, node: NodeState) -> float:
+        """Seconds since node's last heartbeat."""
+        return self._clock() - node.last_heartbeat
+
     def _is_live(self, node: NodeState, now: float) -> bool:
         return now - node.last_heartbeat <= self.heartbeat_timeout_s
 

@@ -137,7 +137,7 @@ class ModelRegistry:
         return await asyncio.shield(future)
 
     async def _load(self, spec: ModelSpec) -> _Entry:
-        self._make_room(_declared_bytes(spec))
+        self._make_room(spec.need_bytes)
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         model = await loop.run_in_executor(self._executor, self._build, spec)
@@ -166,7 +166,3 @@ class ModelRegistry:
         if need > self.budget_bytes:
             raise CapacityError(f"the model needs {need >> 20} MiB; this node's budget is "
                                 f"{self.budget_bytes >> 20} MiB")
-
-
-def _declared_bytes(spec: ModelSpec) -> int:
-    return int(spec.extra.get("memory_mib", 0)) << 20

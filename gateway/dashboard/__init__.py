@@ -1,0 +1,1 @@
+"""The dashboard: static pages (static/) that read the gateway's public API routes."""
