@@ -63,7 +63,8 @@ function signIn(session) {
   route(false);
 }
 
-function showSignIn(message) {
+// message: why the form is shown; an error (red, announced) unless it is only news.
+function showSignIn(message, {isError = true} = {}) {
   if (stopPage) stopPage();
   stopPage = null;
   routeSeq += 1; // a page still loading must not mount behind the form
@@ -77,6 +78,7 @@ function showSignIn(message) {
   const error = $('signin-error');
   error.textContent = message || '';
   error.hidden = !message;
+  error.className = isError ? 'error' : 'notice-box';
   $('signin-account').focus();
 }
 
@@ -136,7 +138,7 @@ async function start() {
   $('signin-dev').addEventListener('click', () => devSession && signIn(devSession));
   $('sign-out').addEventListener('click', () => {
     sessionStorage.setItem(SIGNED_OUT, '1');
-    showSignIn('Signed out.');
+    showSignIn('Signed out.', {isError: false});
   });
   // The skip link's own href would change the route; it only moves focus into the page.
   $('skip-link').addEventListener('click', (event) => {

@@ -120,6 +120,11 @@ export function mount(section, {api}) {
   let current = null;
 
   function pick(id) {
+    // Picking the open gateway again refreshes its logs and keeps an edit in progress.
+    if (id && id === current) {
+      logs.refresh();
+      return;
+    }
     current = id;
     const gateway = gateways.find((g) => g.id === id);
     for (const tr of rows.children) tr.setAttribute('aria-selected', String(tr.dataset.gateway === id));
