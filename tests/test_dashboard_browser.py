@@ -297,13 +297,14 @@ def test_a_gateway_created_in_the_ui_logs_a_cached_request_as_hit(
     hit = ui.page.locator('[data-testid="log-row"][data-cached="true"]')
     expect(hit).to_have_count(1)
     expect(hit).to_contain_text("HIT")
+    screenshot(ui, "gateway-logs")
     hit.click()
     detail = ui.by_id("log-detail")
     expect(detail).to_be_visible()
     expect(detail).to_contain_text(SMOL)
     expect(detail).to_contain_text(second.headers["cf-aig-log-id"])
     expect(detail).to_contain_text("Say hello in French.")  # the stored request body
-    screenshot(ui, "gateway-logs")
+    screenshot(ui, "gateway-log-detail")
     ui.assert_clean()
 
 
@@ -449,6 +450,12 @@ def _models_page(ui: Ui, fleet: Fleet, api: httpx.Client) -> None:
     assert 1 <= visible.count() < total
     search.fill("")
     expect(visible).to_have_count(total)
+    task = ui.page.get_by_label("Task")
+    task.select_option(label="Text Embeddings")
+    expect(minilm).to_have_count(1)
+    expect(smol).to_have_count(0)
+    task.select_option(index=0)  # all
+    expect(visible).to_have_count(total)
     # Its details: where it is loaded, its prices and its schema.
     ui.page.get_by_text(SMOL, exact=True).click()
     expect(smol).to_contain_text("Frankfurt")
@@ -468,6 +475,7 @@ def _charts_page(ui: Ui, fleet: Fleet, api: httpx.Client) -> None:
         expect(ui.by_id(f"chart-{chart}")).to_be_visible()
         box = ui.by_id(f"chart-{chart}").bounding_box()
         assert box and box["height"] > 50 and box["width"] > 100, (chart, box)
+        expect(ui.by_id(f"chart-{chart}").locator("canvas").first).to_be_visible()  # drawn
 
 
 def _playground_page(ui: Ui, fleet: Fleet, api: httpx.Client) -> None:
