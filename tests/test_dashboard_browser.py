@@ -2,14 +2,15 @@
 private `make run` fleet (`edge-gateway dev`, city fra) over real HTTP.
 
 Each page loads without console errors or failed requests and shows what the API holds (and is
-saved as docs/dashboard/<page>.png, which the README links); the playground streams a SmolLM2
-answer from fra and shows an embedding's shape; a gateway created in the UI logs a cached request
-as HIT; the fleet page's live numbers move under load; without a dev session the page asks for a
-token and shows the API's error for a wrong one. The browser is /usr/bin/chromium (`make test`
+saved as docs/dashboard/<page>.png, which the README links; the tests below add playground-chat,
+gateway-logs, gateway-log-detail and fleet-under-load); the playground streams a SmolLM2 answer
+from fra and shows an embedding's shape; a gateway created in the UI logs a cached request as HIT;
+the fleet page's live numbers move under load; without a dev session the page asks for a token and
+shows the API's error for a wrong one. The browser is /usr/bin/chromium (`make test`
 installs Debian's package when it is missing); `playwright install` is never needed.
 
-On a failure the test's screenshot and browser console log are saved in its pytest tmp dir and
-their paths printed (and added to the error)."""
+On a failure the tab's screenshot, the browser console log and the fleet's log are saved in the
+test's pytest tmp dir and their paths printed (and added to the error)."""
 
 from __future__ import annotations
 
