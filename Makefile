@@ -12,7 +12,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 CITY ?= fra
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: setup run generate test test-fast lint bench clean
+.PHONY: setup run generate test test-fast screenshots lint bench clean
 
 $(STAMP): pyproject.toml setup.py Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ $(CHROMIUM):
 
 test: setup $(CHROMIUM)
 	$(PY) -m pytest -q
+
+# The dashboard's screenshots the README links (docs/dashboard/), re-taken by its browser tests.
+screenshots: setup $(CHROMIUM)
+	EDGEFIRE_SCREENSHOTS=docs/dashboard $(PY) -m pytest -q tests/test_dashboard_browser.py
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

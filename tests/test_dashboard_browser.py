@@ -1,13 +1,15 @@
 """The dashboard (issue 18) in a real browser: Debian's Chromium, driven by Playwright, against a
 private `make run` fleet (`edge-gateway dev`, city fra) over real HTTP.
 
-Each page loads without console errors or failed requests and shows what the API holds (and is
-saved as docs/dashboard/<page>.png, which the README links; the tests below add playground-chat,
-gateway-logs, gateway-log-detail and fleet-under-load); the playground streams a SmolLM2 answer
-from fra and shows an embedding's shape; a gateway created in the UI logs a cached request as HIT;
-the fleet page's live numbers move under load; without a dev session the page asks for a token and
-shows the API's error for a wrong one. The browser is /usr/bin/chromium (`make test`
-installs Debian's package when it is missing); `playwright install` is never needed.
+Each page loads without console errors or failed requests and shows what the API holds, and is
+saved as <page>.png (the tests below add playground-chat, gateway-logs, gateway-log-detail and
+fleet-under-load) in $EDGEFIRE_SCREENSHOTS: `make screenshots` sets it to docs/dashboard, which the
+README links; otherwise the pytest tmp dir, so that a test run leaves the tree clean. The
+playground streams a SmolLM2 answer from fra and shows an embedding's shape; a gateway created in
+the UI logs a cached request as HIT; the fleet page's live numbers move under load; without a dev
+session the page asks for a token and shows the API's error for a wrong one. The browser is
+/usr/bin/chromium (`make test` installs Debian's package when it is missing); `playwright install`
+is never needed.
 
 On a failure the tab's screenshot, the browser console log and the fleet's log are saved in the
 test's pytest tmp dir and their paths printed (and added to the error)."""
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import shutil
 import threading
@@ -34,8 +37,7 @@ from tests.gateway_fakes import gateway as plain_gateway
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "docs" / "dashboard"
+SHOTS_ENV = "EDGEFIRE_SCREENSHOTS"
 CHROMIUM = Path("/usr/bin/chromium")
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 MINILM = "@cf/sentence-transformers/all-minilm-l6-v2"  # catalog.yaml: 384 dimensions
@@ -84,6 +86,7 @@ class Ui:
 
     page: Page
     evidence_dir: Path
+    shots: Path  # where screenshot() saves
     console: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -142,7 +145,9 @@ def ui(browser: Browser, tmp_path: Path) -> Iterator[Ui]:
     """A fresh tab (its own storage) on a laptop-sized window."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.set_default_timeout(WAIT_MS)
-    ui = Ui(context.new_page(), tmp_path)
+    shots = Path(os.environ.get(SHOTS_ENV) or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    ui = Ui(context.new_page(), tmp_path, shots)
     ui.watch()
     try:
         yield ui
@@ -186,8 +191,7 @@ def open_dashboard(ui: Ui, base_url: str, page: str = "fleet") -> None:
 
 
 def screenshot(ui: Ui, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    ui.page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+    ui.page.screenshot(path=ui.shots / f"{name}.png", full_page=True)
 
 
 def number(locator: Locator) -> float:
