@@ -81,6 +81,13 @@ def test_llama4_global_layers_keep_full_kv_and_local_ones_a_chunk():
     assert m.shape.params == 80 + 80 + 8 + 4 * (192 + experts + 16)
 
 
+def test_stored_experts_count_experts_that_share_storage_once():
+    shared = small("llama4_moe", {**LLAMA4, "stored_experts": 1})
+    assert small("llama4_moe", LLAMA4).shape.params - shared.shape.params == 4 * 3 * 8 * 16
+    assert small("deepseek_v3", {**DSV3, "stored_experts": 9}).shape.params == \
+        small("deepseek_v3", DSV3).shape.params  # never more than there are
+
+
 def test_bert_counts_the_weights_the_node_loads():
     m = real("@cf/sentence-transformers/all-minilm-l6-v2")
     # all-MiniLM-L6-v2 without its pooler: 22,713,216 − (384·384 + 384).

@@ -92,6 +92,13 @@ def _mlp(role: str, hidden: int, inter: int, count: int = 1) -> Weights:
                    "weight_dtype")
 
 
+def _stored(c: Mapping, experts: int) -> int:
+    """Routed experts whose weights are held: all of them, unless the config says fewer
+    (`stored_experts`: a miniature upcycled from a dense model may keep its experts as views
+    of one MLP, which take the memory of one)."""
+    return min(_int(c, "stored_experts", experts), experts)
+
+
 def _norms(hidden: int, count: int = 2) -> Weights:
     return Weights("norms", count * hidden, kind="other", replicated=True)
 
@@ -119,7 +126,7 @@ def llama4_moe(c: Mapping) -> ModelShape:
     shaped = []
     for i in range(layers):
         if (i + 1) % max(step, 1) == 0:
-            mlp = (_mlp("routed_experts", hidden, inter, experts),
+            mlp = (_mlp("routed_experts", hidden, inter, _stored(c, experts)),
                    _mlp("shared_experts", hidden, inter),
                    Weights("router", experts * hidden, kind="other", replicated=True))
             width = 3 * (top_k + 1) * inter + experts
@@ -159,7 +166,7 @@ def deepseek_v3(c: Mapping) -> ModelShape:
         if i < dense_layers:
             mlp, width = (_mlp("mlp", hidden, inter),), 3 * inter
         else:
-            mlp = (_mlp("routed_experts", hidden, moe_inter, experts),
+            mlp = (_mlp("routed_experts", hidden, moe_inter, _stored(c, experts)),
                    _mlp("shared_experts", hidden, moe_inter, shared),
                    Weights("router", experts * hidden + experts, kind="other", replicated=True))
             width = 3 * (top_k + shared) * moe_inter + experts
