@@ -70,8 +70,11 @@ def sites_and_clients(count: int) -> tuple[list[dict], list[dict]]:
 
 
 def _km(a: dict, b: dict) -> float:
-    return float(_distances(np.array([[a["latitude"], a["longitude"]]]),
-                            np.array([[b["latitude"], b["longitude"]]]))[0, 0])
+    return float(_distances(_coordinates([a]), _coordinates([b]))[0, 0])
+
+
+def _coordinates(cities: list[dict]) -> np.ndarray:
+    return np.array([[c["latitude"], c["longitude"]] for c in cities])
 
 
 def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -192,8 +195,7 @@ def main() -> None:
     planned = {m: PlannedModel.real(catalog.get(m)) for m in models}
     costs = {(m, g): hosting_cost(planned[m], GpuSet.parse(g)) for m in models
              for g in set(sets)}
-    xy = lambda rows: np.array([[c["latitude"], c["longitude"]] for c in rows])  # noqa: E731
-    km = _distances(xy(clients), xy(sites))
+    km = _distances(_coordinates(clients), _coordinates(sites))
     nearest = np.argmin(km, axis=1)
     population = np.array([c["population"] for c in clients], dtype=float)
     # Each site's local demand per model: the population whose nearest site it is.
@@ -211,7 +213,8 @@ def main() -> None:
         "sites": len(sites), "client_cities": len(clients),
         "client_population": int(population.sum()),
         "accelerator_sets": {g: sets.count(g) for g in dict.fromkeys(sets)},
-        "site_memory_gib": {g: round(GpuSet.parse(g).memory_bytes / GIB, 1) for g in set(sets)},
+        "site_memory_gib": {g: round(GpuSet.parse(g).memory_bytes / GIB, 1)
+                            for g in dict.fromkeys(sets)},
         "mix": {m: round(v, 3) for m, v in mix.items()},
         "hosting_gib": {m: {g: round(costs[(m, g)] / GIB, 1) if np.isfinite(costs[(m, g)])
                             else None for g in dict.fromkeys(sets)} for m in models},
