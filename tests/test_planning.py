@@ -236,3 +236,6 @@ def test_unknown_codec_kv_dtype_and_architecture_are_typed_errors():
         small("mamba", LLAMA)
     with pytest.raises(PlanningError, match="num_heads"):
         small("llama", {**LLAMA, "num_heads": "many"})
+    with pytest.raises(PlanningError, match="unknown precision 'int4'") as caught:
+        small("deepseek_v3", {**DSV3, "routed_expert_dtype": "int4"})
+    assert caught.value.field == "routed_expert_dtype"

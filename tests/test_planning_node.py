@@ -83,6 +83,17 @@ def test_a_miniature_is_planned_from_its_own_keys():
     assert PlannedModel.real(spec).config == real.extra["config"]  # placement: the real one
 
 
+def test_an_entry_the_planner_cannot_plan_needs_nothing_known():
+    # A plugin's own architecture or codec: the node loads it and counts what it measures.
+    base = {"id": "@cf/x/y", "task": "text-generation", "weights": "w", "context_window": 64}
+    config = {"num_layers": 1, "hidden_size": 8, "num_heads": 2, "intermediate_size": 8,
+              "vocab_size": 10}
+    assert ModelSpec(**base, architecture="bigram", extra={"config": config}).need_bytes == 0
+    assert ModelSpec(**base, architecture="llama", codec="torch_save",
+                     extra={"config": config}).need_bytes == 0
+    assert ModelSpec(**base, architecture="llama", extra={"config": config}).need_bytes > 0
+
+
 @pytest.mark.slow
 def test_planned_needs_match_what_a_node_loads():
     """Load each runnable model as a node does; the planner's weight bytes are the loaded

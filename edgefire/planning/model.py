@@ -14,8 +14,9 @@ from edgefire.planning.shapes import Layer, ModelShape, Weights, shape
 
 # Keys of a `miniature:` block that describe how it is made, not its shape.
 _MAKING = {"seed", "derive", "synthetic", "description"}
-# Publisher figures of the real model; a miniature's size comes from its own shape.
-_REAL_ONLY = {"params_b", "active_params_b"}
+# The real model's own: its publisher's figures (a miniature's size comes from its shape) and
+# storage formats (a node here holds every weight in its compute dtype).
+_REAL_ONLY = {"params_b", "active_params_b", "weight_dtype", "routed_expert_dtype"}
 
 
 class CatalogEntry(Protocol):
@@ -43,7 +44,11 @@ class PlannedModel:
         if not isinstance(self.config, Mapping):
             raise PlanningError(f"{self.id} has no config to plan from", field="config")
         object.__setattr__(self, "shape", shape(self.architecture, self.config))
-        codec_named(self.codec)  # an unknown codec is refused here, not mid-plan
+        # Unknown formats and codecs are refused here, not mid-plan.
+        codec_named(self.codec)
+        for key in ("weight_dtype", "routed_expert_dtype"):
+            if key in self.config:
+                precision(self.config[key], field=key)
 
     @classmethod
     def real(cls, spec: CatalogEntry, codec: str | None = None) -> PlannedModel:

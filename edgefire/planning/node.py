@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgefire.contract.errors import PlanningError
 from edgefire.planning.model import CatalogEntry, PlannedModel, kv_bytes_per_token, weight_bytes
 from edgefire.planning.reserve import MIB, Reserve
 
@@ -67,7 +68,11 @@ def node_need(model: PlannedModel, profile: NodeProfile = CPU_NODE) -> NodeNeed:
 
 
 def need_bytes(spec: CatalogEntry, profile: NodeProfile = CPU_NODE) -> int:
-    """ModelSpec.need_bytes: what a node here must have free to load spec (0 when the entry
-    has no config to plan from: nothing to reserve is known)."""
-    model = PlannedModel.on_this_machine(spec)
+    """ModelSpec.need_bytes: what a node here must have free to load spec; 0 when there is
+    nothing to plan from (no config, or an architecture or codec plugin the planner has no
+    formula for): the node loads it and counts what it measures, as for any model."""
+    try:
+        model = PlannedModel.on_this_machine(spec)
+    except PlanningError:
+        return 0
     return 0 if model is None else node_need(model, profile).total
