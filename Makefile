@@ -66,6 +66,7 @@ bench: setup
 	$(PY) -m bench.serve
 	$(PY) -m bench.gateway
 	$(PY) -m bench.codec
+	$(PY) -m bench.fleet
 	$(PY) -m bench.quant
 	$(PY) -m bench.deterministic
 	# Ten minutes of 64 clients against a private `make run` fleet; exits 1 on a 5xx or a leak.

@@ -34,7 +34,8 @@ def _cities(args: argparse.Namespace) -> int:
     for c in all_cities():
         a = c.accelerators
         print(f"{c.code}  {c.name:10} {c.lat:9.4f} {c.lon:9.4f}  {a.count}x {a.kind} "
-              f"({a.memory_gib:g} GiB)  budget {c.memory_budget_gib:g} GiB  port {c.port}")
+              f"({a.gpus.accelerator.memory_gb} GB each)  budget {c.memory_budget_gib:g} GiB  "
+              f"port {c.port}")
     return 0
 
 

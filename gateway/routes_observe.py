@@ -17,6 +17,7 @@ from edgefire.contract.errors import InvalidInputError
 from edgefire.gateway.auth import check_admin
 from edgefire.gateway.fleet_view import fleet_view
 from edgefire.gateway.metrics_history import MAX_WINDOW_S, MetricsHistory
+from edgefire.gateway.routing.placement import Placement
 from edgefire.gateway.state import GatewayState
 
 DEFAULT_WINDOW_S = 300
@@ -26,6 +27,7 @@ class ObserveRoutes:
     def __init__(self, state: GatewayState, history: MetricsHistory) -> None:
         self.state = state
         self.history = history
+        self.placement = Placement()  # its verdicts are cached: the dashboard polls
 
     def _account(self, request: Request) -> str:
         account_id = request.path_params["account_id"]
@@ -35,7 +37,8 @@ class ObserveRoutes:
     async def fleet(self, request: Request) -> Response:
         self._account(request)
         state = self.state
-        return success(fleet_view(state.directory, state.cities, state.catalog))
+        return success(fleet_view(state.directory, state.cities, state.catalog,
+                                  self.placement))
 
     async def metrics_history(self, request: Request) -> Response:
         account_id = self._account(request)

@@ -1,4 +1,5 @@
-"""`edgefire` command line: run the engine offline on a catalog model."""
+"""`edgefire` command line: run the engine offline on a catalog model; plan capacity
+(`edgefire plan`, edgefire.planning.cli)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.commands import run_command
+from edgefire.planning import cli as plan_cli
 from edgefire.runtime.engine.sampling_params import SamplingParams
 
 DEFAULT_MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         func=_plugins)
     sub.add_parser("build-kernels", help="compile the native CPU kernels now (setup does)"
                    ).set_defaults(func=_build_kernels)
+    plan_cli.add_parser(sub)
     return run_command(parser, argv)
 
 

@@ -99,6 +99,8 @@ _ENGINE = "import edgefire.runtime.engine.llm_engine  # noqa\n"
      "The wire contract imports neither side, nor torch"),
     ("edgefire/plugin_host/planted.py", _ENGINE,
      "The plugin machinery both worlds share imports neither world, nor torch"),
+    ("edgefire/planning/planted.py", "import edgefire.gateway.app  # noqa\n",
+     "The capacity planner imports neither world, nor torch"),
     ("edgefire/runtime/engine/planted.py", "import edgefire.runtime.loading.builder  # noqa\n",
      "The engine never reaches loading, weights, plugins or the node"),
     ("edgefire/runtime/node/planted.py", "import edgefire.runtime.server.app  # noqa\n",

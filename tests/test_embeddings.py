@@ -60,7 +60,7 @@ def test_loads_through_the_plugin_path(loaded):
     assert encoder.max_seq_length == 256 and encoder.tokenizer.get_vocab_size() == 30522
     assert encoder.dim == loaded.spec.extra["dimensions"] == 384
     # float32 weights, whatever precision was asked for ("auto" may be bfloat16).
-    assert 80 << 20 < encoder.memory_bytes < loaded.spec.extra["memory_mib"] << 20
+    assert 80 << 20 < encoder.memory_bytes < loaded.spec.need_bytes
 
 
 def test_an_encoder_is_not_loaded_as_a_language_model(loaded):

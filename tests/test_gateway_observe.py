@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import all_cities
 from edgefire.gateway.logs import BODY_LIMIT, BodyCapture, captured_body
 from edgefire.gateway.metrics import BUCKETS, GatewayMetrics
@@ -17,6 +18,9 @@ from edgefire.gateway.metrics_history import MetricsHistory, quantile
 from tests.gateway_fakes import MODEL, CountingNode, gateway, heartbeat
 
 SECRET = "node-secret"
+# A budget between what the planner says the int8 and the Unweight variants need.
+_NEEDS = {spec.id: spec.need_bytes for spec in Catalog.load().specs}
+BUDGET = (_NEEDS[f"{MODEL}-int8"] + _NEEDS[f"{MODEL}-unweight"]) // 2
 
 
 @pytest.fixture
@@ -25,7 +29,7 @@ def fleet(serve, tmp_path):
     with serve(node) as node_url, gateway(serve, tmp_path, node_secret=SECRET,
                                           admin_token="admin") as gw:
         gw.beat(heartbeat(node_url, running=2, waiting=3, kv_usage=0.25,
-                          memory_budget_bytes=820 << 20,
+                          memory_budget_bytes=BUDGET,
                           loaded_models={MODEL: {"weight_precision": "bf16"}}),
                 SECRET).raise_for_status()
         yield gw, node
@@ -76,7 +80,8 @@ def test_fleet_lists_every_city_with_load_and_hosting_verdicts_and_no_node_secre
     assert fra["accelerators"]["kind"] and 0 <= fra["heartbeat_age_s"] < 5
     verdicts = {h["model"]: h["verdict"] for h in fra["hosts"]}
     assert verdicts[MODEL] == "loaded"
-    # catalog.yaml: int8 needs 800 MiB, Unweight 840 MiB; the node has 820 MiB.
+    # The node's budget lies between the int8 and the Unweight variants' needs.
+    assert _NEEDS[f"{MODEL}-int8"] < BUDGET < _NEEDS[f"{MODEL}-unweight"]
     assert verdicts[f"{MODEL}-int8"] == "fits" and verdicts[f"{MODEL}-unweight"] == "too_big"
     assert verdicts["@cf/meta/llama-3.1-8b-instruct"] == "planning_only"
     others = [c for code, c in cities.items() if code != "fra"]

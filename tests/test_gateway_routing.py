@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import City, all_cities
 from edgefire.contract.errors import ForbiddenError, InvalidInputError
 from edgefire.gateway.routing.directory import NodeDirectory
@@ -19,7 +20,7 @@ from edgefire.gateway.routing.geo import (
 
 CITIES = {c.code: c for c in all_cities()}
 SMALL = "@cf/huggingfacetb/smollm2-135m-instruct"
-SMALL_NEED = 900 << 20
+SMALL_NEED = Catalog.load().get(SMALL).need_bytes
 GERMANY, BRAZIL, SINGAPORE = (COUNTRY_CENTROIDS[c] for c in ("DE", "BR", "SG"))
 
 

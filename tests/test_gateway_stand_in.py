@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from edgefire.contract.catalog import Catalog
 from edgefire.contract.errors import ConfigError
 from edgefire.contract.headers import STAND_IN
 from edgefire.gateway.db import Database
@@ -21,12 +22,15 @@ from tests.gateway_fake_models import USAGE, WORDS, ModelUpstream
 from tests.gateway_fakes import gateway, heartbeat
 
 LLAMA = "@cf/meta/llama-3.1-8b-instruct"
-SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"  # 900 MiB
-SMOL_INT4 = "@cf/huggingfacetb/smollm2-135m-instruct-int4"  # 760 MiB
+SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
+SMOL_INT4 = "@cf/huggingfacetb/smollm2-135m-instruct-int4"
 BGE = "@cf/baai/bge-small-en-v1.5"
 SECRET = "s"
 LLAMA_PRICE = (0.282, 0.827)  # catalog.yaml, per M tokens in and out
 SMOL_PRICE = (0.01, 0.02)
+# Memory needs as the capacity planner gives them, and a node budget between the two.
+NEED_MIB = {name: Catalog.load().get(name).need_bytes >> 20 for name in (SMOL, SMOL_INT4)}
+BETWEEN_MIB = (NEED_MIB[SMOL] + NEED_MIB[SMOL_INT4]) // 2
 
 
 def _cost(price: tuple[float, float]) -> float:
@@ -99,8 +103,12 @@ def test_a_planning_only_model_is_answered_by_the_stand_in(fleet, route, stream)
     assert record["cost"] != pytest.approx(_cost(SMOL_PRICE))
 
 
+def test_the_budget_between_the_two_needs_is_between_them():
+    assert NEED_MIB[SMOL_INT4] < BETWEEN_MIB < NEED_MIB[SMOL]
+
+
 def test_a_runnable_model_larger_than_every_node_is_stood_in(start):
-    gw, node = start(stand_in_model=SMOL_INT4, budget_mib=800)
+    gw, node = start(stand_in_model=SMOL_INT4, budget_mib=BETWEEN_MIB)
     with gw.client() as client:
         big = client.post(f"/client/v4/accounts/{gw.account_id}/ai/run/{SMOL}",
                           json={"prompt": "Hi"})
@@ -151,14 +159,14 @@ def test_off_a_planning_only_model_is_a_clear_5018_on_every_route(start):
 
 
 def test_off_a_model_larger_than_every_node_is_5018_not_429(start):
-    gw, node = start(stand_in_model=None, budget_mib=800)
+    gw, node = start(stand_in_model=None, budget_mib=BETWEEN_MIB)
     with gw.client() as client:
         response = client.post(f"/client/v4/accounts/{gw.account_id}/ai/run/{SMOL}",
                                json={"prompt": "Hi"})
     assert response.status_code == 400
     assert response.json()["errors"][0] == {"code": 5018, "message": (
-        f"{SMOL} needs 900 MiB, more than any live node offers (largest budget 800 MiB); "
-        "set EDGEFIRE_STAND_IN_MODEL to answer it with a stand-in model")}
+        f"{SMOL} needs {NEED_MIB[SMOL]} MiB, more than any live node offers (largest budget "
+        f"{BETWEEN_MIB} MiB); set EDGEFIRE_STAND_IN_MODEL to answer it with a stand-in model")}
     assert not node.seen
 
 

@@ -13,13 +13,18 @@ from edgefire.contract.catalog import Catalog, ModelSpec
 from edgefire.contract.errors import CapacityError, ModelUnavailableError, UnknownModelError
 from edgefire.runtime.node.model_registry import ModelRegistry
 
-MIB = 1 << 20
+# A small Llama config; its memory need is the capacity planner's (ModelSpec.need_bytes).
+CONFIG = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
+          "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "weight_dtype": "bf16"}
 
 
-def _spec(model_id: str, memory_mib: int, runnable: bool = True) -> ModelSpec:
-    return ModelSpec(id=model_id, task="text-generation", architecture="fake", weights="w",
+def _spec(model_id: str, vocab_size: int = 256, runnable: bool = True) -> ModelSpec:
+    return ModelSpec(id=model_id, task="text-generation", architecture="llama", weights="w",
                      context_window=64, aliases=(f"{model_id}-alias",), runnable=runnable,
-                     extra={"memory_mib": memory_mib})
+                     extra={"config": {**CONFIG, "vocab_size": vocab_size}})
+
+
+NEED = _spec("a").need_bytes  # what a, b and c each need
 
 
 @dataclass
@@ -51,13 +56,18 @@ class Builder:
         with self.lock:
             self.calls.append(spec.id)
         time.sleep(self.delay)
-        return FakeModel(spec, spec.extra["memory_mib"] * MIB)
+        return FakeModel(spec, spec.need_bytes)
 
 
-def _registry(budget_mib: int, builder: Builder) -> ModelRegistry:
-    catalog = Catalog([_spec("a", 40), _spec("b", 40), _spec("c", 40), _spec("big", 500),
-                       _spec("plan", 10, runnable=False)])
-    return ModelRegistry(catalog, budget_mib * MIB, builder)
+def _registry(budget_needs: float, builder: Builder) -> ModelRegistry:
+    """A registry whose budget holds budget_needs times what a, b or c needs."""
+    catalog = Catalog([_spec("a"), _spec("b"), _spec("c"), _spec("big", vocab_size=1 << 22),
+                       _spec("plan", runnable=False)])
+    return ModelRegistry(catalog, int(budget_needs * NEED), builder)
+
+
+def test_the_fake_catalog_sizes_are_what_the_tests_assume():
+    assert _spec("big", vocab_size=1 << 22).need_bytes > 2.5 * NEED > 2 * NEED > 0
 
 
 async def _use(registry: ModelRegistry, name: str) -> FakeModel:
@@ -67,7 +77,7 @@ async def _use(registry: ModelRegistry, name: str) -> FakeModel:
 
 def test_concurrent_first_requests_share_one_load():
     builder = Builder(delay=0.2)
-    registry = _registry(100, builder)
+    registry = _registry(2.5, builder)
 
     async def main():
         return await asyncio.gather(*(_use(registry, "a") for _ in range(5)),
@@ -80,7 +90,7 @@ def test_concurrent_first_requests_share_one_load():
 
 def test_least_recently_used_idle_model_is_evicted():
     builder = Builder()
-    registry = _registry(100, builder)
+    registry = _registry(2.5, builder)
 
     async def main():
         a = await _use(registry, "a")
@@ -95,7 +105,7 @@ def test_least_recently_used_idle_model_is_evicted():
 
 
 def test_a_model_in_use_is_never_evicted():
-    registry = _registry(100, Builder())
+    registry = _registry(2.5, Builder())
 
     async def main():
         async with registry.use("a"), registry.use("b"):
@@ -109,13 +119,13 @@ def test_a_model_in_use_is_never_evicted():
 
 
 def test_a_model_larger_than_the_budget_is_refused():
-    registry = _registry(100, Builder())
+    registry = _registry(2.5, Builder())
     with pytest.raises(CapacityError, match="budget"):
         asyncio.run(_use(registry, "big"))
 
 
 def test_unknown_and_planning_only_models_raise_typed_errors():
-    registry = _registry(100, Builder())
+    registry = _registry(2.5, Builder())
     with pytest.raises(UnknownModelError):
         asyncio.run(_use(registry, "nope"))
     with pytest.raises(ModelUnavailableError):
@@ -124,7 +134,7 @@ def test_unknown_and_planning_only_models_raise_typed_errors():
 
 def test_a_dead_model_is_dropped_and_loaded_again_by_the_next_request():
     builder = Builder()
-    registry = _registry(100, builder)
+    registry = _registry(2.5, builder)
 
     async def main():
         first = await _use(registry, "a")
@@ -146,7 +156,7 @@ def test_a_dead_model_is_dropped_and_loaded_again_by_the_next_request():
 
 
 def test_a_dead_model_that_fails_to_load_again_keeps_the_node_degraded():
-    registry = _registry(100, Builder())
+    registry = _registry(2.5, Builder())
 
     async def main():
         (await _use(registry, "a")).dead = True
@@ -161,7 +171,7 @@ def test_a_dead_model_that_fails_to_load_again_keeps_the_node_degraded():
 
 
 def test_an_evicted_dead_model_is_simply_gone():
-    registry = _registry(80, Builder())
+    registry = _registry(2, Builder())
 
     async def main():
         (await _use(registry, "a")).dead = True

@@ -62,10 +62,14 @@ def test_heartbeats_arrive_with_state_and_secret(serve) -> None:
         "memory_budget_bytes": city.memory_budget_bytes,
         "accelerator_bytes": city.declared_accelerator_bytes,
         "loaded_models": {}, "running": 0, "waiting": 0, "kv_usage": 0.0, "status": "ok",
+        # The city's declared accelerators, which the gateway's placement plans on.
+        "accelerators": {"kind": city.accelerators.kind, "count": city.accelerators.count},
     }
     assert headers["x-edgefire-node-secret"] == "s3cret"
     # What the node sends is what the gateway's directory accepts.
-    assert NodeDirectory().heartbeat(payload).url == "http://fra.test:8701"
+    state = NodeDirectory().heartbeat(payload)
+    assert state.url == "http://fra.test:8701"
+    assert state.accelerators == {"kind": "nvidia-h100", "count": 8}
 
 
 def test_no_secret_header_without_a_secret(serve) -> None:

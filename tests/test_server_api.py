@@ -178,7 +178,7 @@ def test_openai_invalid_input_names_the_param(client):
 
 
 def test_no_room_to_load_a_model_is_3040(serve):
-    city = dataclasses.replace(load_city("fra"), memory_budget_gib=0.1)  # under MiniLM's 200 MiB
+    city = dataclasses.replace(load_city("fra"), memory_budget_gib=0.1)  # under MiniLM's need
     node = EdgeNode(city, NodeSettings(kv_cache_mib=256))
     with serve(create_app(node)) as base_url:
         response = httpx.post(f"{base_url}{API}/run/{MINILM}", json={"text": "x"})

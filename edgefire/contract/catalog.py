@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from edgefire.contract.errors import ModelUnavailableError, UnknownModelError
+from edgefire.planning.node import need_bytes
 
 # Package data, so an installed (non-editable) edgefire finds it too.
 DEFAULT_CATALOG = Path(str(files("edgefire") / "catalog.yaml"))
@@ -32,8 +33,10 @@ class ModelSpec:
 
     @property
     def need_bytes(self) -> int:
-        """The memory a node must have free to load this model (the catalog's memory_mib)."""
-        return int(self.extra.get("memory_mib", 0)) << 20
+        """The memory a node here must have free to load this model, as the capacity planner
+        computes it from the model's config (its miniature's, when it has one): weights,
+        KV pool and reserve (edgefire.planning.node). Nobody enters it by hand."""
+        return need_bytes(self)
 
 
 class Catalog:

@@ -29,7 +29,7 @@ _PROPERTY_IDS = ("price", "function_calling", "reasoning", "vision", "async_queu
                  "lora", "terms", "info", "max_input_tokens", "output_dimensions", "partner",
                  "realtime", "planned_deprecation_date")
 
-_PUBLISHED = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_PUBLISHED = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int4-g32-sym": "int4"}
 
 # A model's weight precision as a catalog listing states it; None where it is unknown.
 PrecisionOf = Callable[[ModelSpec], str | None]
@@ -52,11 +52,13 @@ def openai_model_list(catalog: Catalog) -> dict:
 
 
 def published_precision(spec: ModelSpec) -> str | None:
-    """A planning-only model's published weight dtype (catalog `config.weight_dtype`), named
-    as a loaded model would name it; None for runnable models and where none is published."""
+    """A planning-only model's published weight dtype (catalog `config.weight_dtype`, or the
+    routed experts' where they hold most weights, as Kimi's INT4 ones), named as a loaded model
+    would name it; None for runnable models and where none is published."""
     if spec.runnable and spec.weights:
         return None
-    published = spec.extra.get("config", {}).get("weight_dtype")
+    config = spec.extra.get("config", {})
+    published = config.get("routed_expert_dtype") or config.get("weight_dtype")
     return _PUBLISHED.get(published, published)
 
 

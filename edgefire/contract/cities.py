@@ -8,15 +8,28 @@ from pathlib import Path
 
 import yaml
 
+from edgefire.planning.accelerators import GpuSet
+
 # Package data of edgefire.edge_nodes, so an installed edgefire finds the cities too.
 CITIES_DIR = Path(str(files("edgefire.edge_nodes")))
 
 
 @dataclass(slots=True, frozen=True)
 class Accelerators:
-    kind: str
+    """What the site declares to the capacity planner; this machine runs every city on its CPU.
+    Each device's memory is the planner's (the vendor's figure), not the YAML's."""
+
+    kind: str  # an edgefire.planning.accelerators kind, e.g. nvidia-h100
     count: int
-    memory_gib: float
+
+    @property
+    def gpus(self) -> GpuSet:
+        return GpuSet.of(self.kind, self.count)
+
+    @property
+    def memory_gib(self) -> float:
+        """One device's memory in GiB (the vendor's decimal GB, converted)."""
+        return self.gpus.accelerator.memory_bytes / (1 << 30)
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,8 +50,7 @@ class City:
 
     @property
     def declared_accelerator_bytes(self) -> int:
-        a = self.accelerators
-        return int(a.count * a.memory_gib * (1 << 30))
+        return self.accelerators.gpus.memory_bytes
 
 
 def load_city(code: str, directory: Path = CITIES_DIR) -> City:
@@ -47,8 +59,9 @@ def load_city(code: str, directory: Path = CITIES_DIR) -> City:
         known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
         raise ValueError(f"no city {code!r} (known: {known})")
     data = yaml.safe_load(path.read_text())
-    data["accelerators"] = Accelerators(**data["accelerators"])
-    return City(**data)
+    accelerators = Accelerators(**data["accelerators"])
+    GpuSet.of(accelerators.kind, accelerators.count)  # an unknown kind fails here, not later
+    return City(**{**data, "accelerators": accelerators})
 
 
 def all_cities(directory: Path = CITIES_DIR) -> list[City]:

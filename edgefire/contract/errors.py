@@ -122,6 +122,21 @@ class UnknownComponentError(ModelUnavailableError):
     """Config names a model architecture, KV backend, codec, … that no plugin registered."""
 
 
+class NoHostError(ModelUnavailableError):
+    """No city of the fleet declares accelerators the capacity planner says can host the
+    model (edgefire.planning): permanent for this fleet, so a 400, never a 429."""
+
+
+class HostsOfflineError(NoHostError, status=503):
+    """Cities that can host the model exist, but none of them is live now: a retry later may
+    find one, hence 503."""
+
+
+class PlanningError(InvalidInputError):
+    """The capacity planner cannot plan what it was asked: an unknown accelerator, GPU set,
+    layout, codec or KV dtype, or a model config it has no formula for (edgefire.planning)."""
+
+
 class ReplayMissError(EdgefireError, code=5090, status=404,
                       message="No recording matches this request"):
     """The gateway replays recordings (EDGEFIRE_REPLAY_DIR) and has none for this request, or

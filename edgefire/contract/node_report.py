@@ -34,6 +34,9 @@ class NodeReport:
     name: str = ""
     role: str = "both"  # prefill, decode or both
     status: str = "ok"  # "ok", "degraded" (a model failed lately) or "starting"
+    # What the city declares to the capacity planner, {"kind": "nvidia-h100", "count": 8};
+    # None: a node that declares nothing is placed by its memory budget alone.
+    accelerators: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,4 +52,5 @@ class NodeReport:
             loaded_models=body.get("loaded_models", {}),
             running=int(body.get("running", 0)), waiting=int(body.get("waiting", 0)),
             kv_usage=float(body.get("kv_usage", 0.0)), name=body.get("name") or "",
-            role=body.get("role") or "both", status=body.get("status") or "ok")
+            role=body.get("role") or "both", status=body.get("status") or "ok",
+            accelerators=body.get("accelerators"))

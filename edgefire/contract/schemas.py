@@ -251,5 +251,12 @@ HEARTBEAT = {
         "role": {"enum": ["prefill", "decode", "both", None]},
         "status": {"enum": ["ok", "degraded", "starting", None],
                    "description": "starting nodes are not routed to; degraded ones last"},
+        "accelerators": {
+            "type": ["object", "null"], "required": ["kind", "count"],
+            "additionalProperties": False,
+            "description": "the city's declared accelerators, which the capacity planner "
+                           "places models on; absent: placed by memory budget alone",
+            "properties": {"kind": {"type": "string", "pattern": "^[a-z0-9-]{1,64}$"},
+                           "count": {"type": "integer", "minimum": 1, "maximum": 64}}},
     },
 }

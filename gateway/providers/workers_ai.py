@@ -18,6 +18,8 @@ from edgefire.gateway.providers.base import (
     UpstreamResponse,
     forward,
 )
+from edgefire.gateway.routing.directory import NodeState
+from edgefire.gateway.routing.placement import Placement
 from edgefire.gateway.stand_in import StandIns
 
 _OPENAI_PATHS = ("v1/chat/completions", "v1/embeddings")
@@ -28,7 +30,8 @@ class WorkersAIProvider:
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
-        self.stand_ins = StandIns(context.catalog, context.stand_in_model)
+        self.placement = Placement()
+        self.stand_ins = StandIns(context.catalog, context.stand_in_model, self.placement)
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         """Try the best node; if it cannot be reached, mark it and try the next one once."""
@@ -41,11 +44,21 @@ class WorkersAIProvider:
         need = spec.need_bytes
         directory = self.context.directory
         session = (request.account_id, request.session_id) if request.session_id else None
-        nodes = directory.candidates(spec.id, need, request.location, session)
+
+        def may_host(node: NodeState) -> bool:
+            return self.placement.may_host(spec, node)
+
+        nodes = directory.candidates(spec.id, need, request.location, session,
+                                     may_host=may_host)
         if not nodes and directory.starting:
             if not await directory.wait_until_ready():
                 raise FleetStartingError()
-            nodes = directory.candidates(spec.id, need, request.location, session)
+            # The first node's heartbeat is news to placement as well as to the budget check.
+            spec, stood_in = self.stand_ins.serving(model_id, directory)
+            if stood_in:
+                request = _for_stand_in(request, spec.id)
+            nodes = directory.candidates(spec.id, spec.need_bytes, request.location, session,
+                                         may_host=may_host)
         if not nodes:
             raise NoNodeError()
         last: UpstreamError | None = None

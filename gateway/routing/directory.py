@@ -37,6 +37,7 @@ class NodeState:
     name: str = ""
     role: str = "both"
     status: str = "ok"  # "ok", "degraded" (ranked last) or "starting" (never routed to)
+    accelerators: dict | None = None  # declared {"kind", "count"}; None: placed by budget
     credential: str = OPEN  # the id of the node credential this city is bound to
 
     def can_hold(self, model_id: str, need_bytes: int) -> bool:
@@ -131,9 +132,10 @@ class NodeDirectory:
             self._sessions.popitem(last=False)
 
     def candidates(self, model_id: str, need_bytes: int, location: tuple[float, float] | None,
-                   session: tuple[str, str] | None = None,
-                   max_waiting: int = 8) -> list[NodeState]:
-        """Healthy nodes that can hold model_id, best first.
+                   session: tuple[str, str] | None = None, max_waiting: int = 8,
+                   may_host: Callable[[NodeState], bool] | None = None) -> list[NodeState]:
+        """Healthy nodes that can hold model_id (and that `may_host` admits: the capacity
+        planner's placement, edgefire.gateway.routing.placement), best first.
 
         Order: nodes reporting "ok" before "degraded" ones; among them, the session's pinned
         node (session is (account id, session id); unless its queue is deep), then nodes with
@@ -142,7 +144,8 @@ class NodeDirectory:
         in the same order, so load spills over to the next best node. Ties go to the less
         busy node, then the city code.
         """
-        eligible = [n for n in self.healthy() if n.can_hold(model_id, need_bytes)]
+        eligible = [n for n in self.healthy() if n.can_hold(model_id, need_bytes)
+                    and (may_host is None or may_host(n))]
         pinned = self._sessions.get(session) if session else None
 
         def key(node: NodeState) -> tuple:

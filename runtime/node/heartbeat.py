@@ -84,6 +84,7 @@ class HeartbeatSender:
             lat=city.lat, lon=city.lon, role=city.role,
             memory_budget_bytes=city.memory_budget_bytes,
             accelerator_bytes=city.declared_accelerator_bytes,
+            accelerators={"kind": city.accelerators.kind, "count": city.accelerators.count},
             loaded_models=self.node.registry.loaded(),
             running=running, waiting=waiting, kv_usage=kv_usage,
             # "degraded": a model failed lately (see EdgeNode.health); the node still serves.

@@ -7,7 +7,10 @@ from pathlib import Path
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from edgefire.planning.node import CPU_NODE
 from edgefire.runtime.engine.deterministic import Policy
+
+MIB = 1 << 20
 
 
 class NodeSettings(BaseSettings):
@@ -15,9 +18,10 @@ class NodeSettings(BaseSettings):
 
     node_secret: str | None = None  # shared with the gateway; unset runs open (logged)
     catalog: Path | None = None
-    kv_cache_mib: int = 512  # KV pool per text model
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
+    # The catalog's memory needs (ModelSpec.need_bytes) are planned with these defaults.
+    kv_cache_mib: int = CPU_NODE.kv_pool_bytes // MIB  # KV pool per text model
+    max_num_seqs: int = CPU_NODE.reserve.max_seqs
+    max_num_batched_tokens: int = CPU_NODE.reserve.step_tokens
     max_waiting_requests: int = 256  # beyond this, rejectIfBusy requests get 3040
     request_timeout_s: float = 300.0
     max_request_bytes: int = 1 << 20
