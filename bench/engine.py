@@ -1,6 +1,9 @@
 """Benchmark the offline engine on SmolLM2-135M against HF transformers and llama.cpp.
 
-Run from the repository root: .venv/bin/python -m bench.engine [--quick]
+Run from the repository root: .venv/bin/python -m bench.engine [--quick] [--model ID]
+Another catalog model (--model; a miniature such as Llama 4 Scout's) runs without the peers,
+which read a GGUF, and writes bench/results/engine-<model>.{json,md}; every run reports the KV
+bytes per token the engine's pool holds beside what the capacity planner plans for the model.
 Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
 on stdout, the same and a table in bench/results/engine.{json,md}.
 """
@@ -32,7 +35,7 @@ from bench._common import (
     write_results,
 )
 from bench.peers import llama_bin, run_hf, run_llama
-from edgefire.contract.catalog import Catalog
+from edgefire.contract.catalog import Catalog, ModelSpec
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.weights import resolve_source
 
@@ -53,6 +56,7 @@ class Trace:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=MODEL, help=f"catalog id (default {MODEL})")
     p.add_argument("--concurrency", default=None, help="comma list (default 1,8,32,64)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (quick: 32)")
     p.add_argument("--quick", action="store_true", help="smoke run: C=1,4 and 32 new tokens")
@@ -187,22 +191,60 @@ def render_markdown(result: dict) -> str:
     table = markdown_table(header, rows)
     targets = markdown_table(["ratio", "value", "target", "met"], [
         [name, t["ratio"], f">= {t['target']}", t["met"]] for name, t in result["targets"].items()])
-    w = result["workload"]
-    return (f"SmolLM2-135M-Instruct (Q4_1 GGUF), {w['max_new_tokens']} new tokens, prompts "
+    w, kv = result["workload"], result["edgefire"]["kv"]
+    planned = kv.get("planned_all_layers_bytes_per_token")
+    return (f"{result['model']}, {w['max_new_tokens']} new tokens, prompts "
             f"{w['prompt_len_range'][0]}-{w['prompt_len_range'][1]} tokens, "
             f"{result['machine']['cpu_count']} CPUs, {w['threads']} threads. "
-            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB.\n\n"
+            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB. KV bytes per "
+            f"token: {kv['measured_bytes_per_token']} in the engine's pool ({kv['kv_dtype']}), "
+            f"{planned} planned for it{_full_length(kv)}.\n\n"
             f"{table}\n{targets}")
+
+
+def _full_length(kv: dict) -> str:
+    full = kv.get("planned_full_length_bytes_per_token")
+    if full is None or full == kv.get("planned_all_layers_bytes_per_token"):
+        return ""
+    return (f"; the real deployment keeps full-length KV only in global layers: {full} per "
+            f"token plus {kv['planned_local_bytes_per_sequence']} per sequence for the chunks")
+
+
+def kv_per_token(llm: LLM, spec: ModelSpec) -> dict:
+    """KV bytes per token: measured on the engine's pool, and planned (edgefire.planning) both
+    as this engine stores it (every layer, full length) and as the real deployment does (only
+    full-length layers per token; chunked-local ones bounded per sequence)."""
+    engine = llm.engine
+    dtype = engine.runner.kv_cache.dtype
+    measured = engine.kv_pool_bytes / (engine.blocks.num_blocks * engine.config.block_size)
+    kv = {"kv_dtype": str(dtype).removeprefix("torch."), "measured_bytes_per_token": measured}
+    try:  # the planner may not be installed beside an older checkout
+        from edgefire.planning import (
+            PlannedModel,
+            kv_bytes_per_token,
+            local_kv_bytes_per_sequence,
+        )
+    except ImportError:
+        return kv | {"planned_note": "edgefire.planning is not installed"}
+    model = PlannedModel.on_this_machine(spec)
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    return kv | {
+        "planned_all_layers_bytes_per_token": kv_bytes_per_token(model, name, all_layers=True),
+        "planned_full_length_bytes_per_token": kv_bytes_per_token(model, name),
+        "planned_local_bytes_per_sequence": local_kv_bytes_per_sequence(model, name)}
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     machine = machine_info()
-    gguf = Path(resolve_source(Catalog.load().get_runnable(MODEL).weights))
+    spec = Catalog.load().get_runnable(args.model)
+    # A miniature's weights are made at load (miniature://…): no GGUF for the peers to read.
+    gguf = None if spec.weights.startswith("miniature://") else Path(resolve_source(
+        spec.weights))
     config = EngineConfig(kv_cache_bytes=3 << 30, max_num_seqs=64, max_num_batched_tokens=1024)
-    log(f"loading {MODEL} from {gguf}")
-    llm = LLM(MODEL, engine_config=config)
+    log(f"loading {args.model} from {gguf or spec.weights}")
+    llm = LLM(args.model, engine_config=config)
     encode = _encoder(llm)
     workloads = {c: make_prompts(encode, prompt_lengths(c, *PROMPT_RANGE, args.seed + c),
                                  args.seed + c, f"c{c}") for c in args.concurrency}
@@ -210,10 +252,11 @@ def main() -> None:
     edgefire = {"engine_config": asdict(llm.engine.config),
                 "per_concurrency": run_edgefire(llm, workloads, args.max_new_tokens, args.seed)}
     edgefire["peak_rss_mib"] = peak_rss_mib()
+    edgefire["kv"] = kv_per_token(llm, spec)
     del llm
     gc.collect()
     result = {
-        "bench": "engine", "model": MODEL, "gguf": str(gguf), "quick": args.quick,
+        "bench": "engine", "model": args.model, "gguf": gguf and str(gguf), "quick": args.quick,
         "workload": {"concurrency": args.concurrency, "prompt_len_range": list(PROMPT_RANGE),
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                      "greedy": True, "ignore_eos": True, "threads": args.threads},
@@ -228,10 +271,13 @@ def main() -> None:
     result["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     markdown = render_markdown(result)
     log("\n" + markdown)
-    write_results("engine", result, markdown)
+    name = "engine" if args.model == MODEL else "engine-" + args.model.rsplit("/", 1)[-1]
+    write_results(name, result, markdown)
 
 
-def llama_peer(args: argparse.Namespace, gguf: Path, workloads: dict) -> dict:
+def llama_peer(args: argparse.Namespace, gguf: Path | None, workloads: dict) -> dict:
+    if gguf is None:
+        return {"available": False, "note": "a miniature has no GGUF for llama.cpp"}
     if args.skip_llama:
         return {"available": False, "note": "skipped (--skip-llama)"}
     folder = llama_bin(args.llama_bin, args.build_llama)
@@ -247,7 +293,9 @@ def llama_peer(args: argparse.Namespace, gguf: Path, workloads: dict) -> dict:
         return {"available": False, "note": f"llama.cpp failed: {exc}"}
 
 
-def hf_peer(args: argparse.Namespace, gguf: Path, workloads: dict, ref_c: int) -> dict:
+def hf_peer(args: argparse.Namespace, gguf: Path | None, workloads: dict, ref_c: int) -> dict:
+    if gguf is None:
+        return {"available": False, "note": "a miniature has no GGUF for HF transformers"}
     if args.skip_hf:
         return {"available": False, "note": "skipped (--skip-hf)"}
     limit = args.skip_hf_above

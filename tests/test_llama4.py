@@ -10,15 +10,20 @@ with attention temperature tuning on the fourth (floor_scale small enough to act
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
+import httpx
 import pytest
 import torch
 import yaml
 from transformers import Llama4ForCausalLM as HFLlama4
 from transformers import Llama4TextConfig
 
-from edgefire.contract.catalog import DEFAULT_CATALOG
+from edgefire.contract.catalog import DEFAULT_CATALOG, Catalog
+from edgefire.contract.catalog_api import model_object, openai_model_list
+from edgefire.contract.cities import load_city
 from edgefire.contract.errors import WeightsNotFoundError
+from edgefire.contract.headers import MINIATURE
 from edgefire.models import llama4
 from edgefire.models.attention import TorchPagedAttention
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel
@@ -29,6 +34,9 @@ from edgefire.plugins.llama4 import upcycle_smollm2
 from edgefire.plugins.local_paged import create_local_paged_pool
 from edgefire.runtime import EngineConfig, SamplingParams
 from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app
 from edgefire.runtime.tokenizer import load_gguf_tokenizer
 from edgefire.runtime.weights import read_gguf, resolve_source
 
@@ -331,3 +339,54 @@ def _whole_prompt_logits(model, ids: list[int], block_size: int = 16) -> torch.T
     kv_cache = torch.zeros(model.kv_cache_shape(pages, block_size))
     return model.compute_logits(model.forward(torch.tensor(ids), torch.arange(n), meta,
                                               kv_cache))
+
+
+def test_the_catalog_says_it_is_a_miniature_and_keeps_the_real_config():
+    spec = Catalog.load().get(SCOUT)
+    assert spec.runnable and spec.weights == "miniature://smollm2-upcycle"
+    real = spec.extra["config"]
+    assert (real["num_layers"], real["num_local_experts"], real["attention_chunk_size"]) == (
+        48, 16, 8192)
+    note = spec.miniature
+    assert note.startswith("miniature: num_layers 30 of 48, hidden_size 576 of 5120")
+    assert "use_qk_norm False of True" in note and "sparse upcycling" in note
+    assert note.isascii()  # it travels as a header value
+    listed = {p["property_id"]: p["value"]
+              for p in model_object(spec, lambda _: None)["properties"]}
+    assert listed["miniature"] == note
+    assert {m["id"]: m for m in openai_model_list(Catalog.load())["data"]}[SCOUT][
+        "miniature"] == note
+
+
+@pytest.fixture(scope="module")
+def node_url(serve, smol_gguf) -> Iterator[str]:
+    node = EdgeNode(load_city("fra"), NodeSettings(kv_cache_mib=64))
+    with serve(create_app(node)) as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_over_http_the_node_serves_the_miniature_and_says_so(node_url):
+    """The real node (catalog -> plugin -> upcycled miniature -> engine) answers the Scout id,
+    coherently enough to name Paris, with the miniature header on plain and streamed answers."""
+    api = f"{node_url}/client/v4/accounts/acct/ai"
+    note = Catalog.load().get(SCOUT).miniature
+    question = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 16, "temperature": 0}
+    with httpx.Client(timeout=300) as client:
+        answer = client.post(f"{api}/run/{SCOUT}", json=question)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers[MINIATURE] == note
+        assert "Paris" in answer.json()["result"]["response"]
+        with client.stream("POST", f"{api}/run/{SCOUT}",
+                           json={**question, "stream": True}) as streamed:
+            assert streamed.status_code == 200 and streamed.headers[MINIATURE] == note
+            assert "Paris" in "".join(streamed.iter_text())
+        chat = client.post(f"{api}/v1/chat/completions", json={**question, "model": SCOUT})
+        assert chat.status_code == 200 and chat.headers[MINIATURE] == note
+        smol = client.post(f"{api}/run/@cf/huggingfacetb/smollm2-135m-instruct",
+                           json={**question, "max_tokens": 2})
+        assert smol.status_code == 200 and MINIATURE not in smol.headers
+        found = client.get(f"{api}/models/search", params={"search": "scout"}).json()["result"]
+        [listed] = [m for m in found if m["name"] == SCOUT]
+        assert {"property_id": "miniature", "value": note} in listed["properties"]
