@@ -190,14 +190,16 @@ class MultiHeadLatentAttention:
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
         q = torch.cat([q_latent, q_pe], dim=-1)  # [n, heads, latent_dim]
         tables = meta.decode_block_tables
-        pages = cache.index_select(0, tables.reshape(-1)).view(n, -1, d.latent_dim)
-        pages = pages.to(q.dtype)[:, None]  # [n, 1, context, latent_dim]: one KV head
-        # Per sequence, its heads are SDPA's queries over the one latent KV head: MQA.
-        latent = F.scaled_dot_product_attention(
-            q[:, None], pages, pages[..., :d.kv_lora_rank],
-            attn_mask=meta.decode_mask.reshape(n, 1, 1, -1), scale=self.scale)
+        pages = cache.index_select(0, tables.reshape(-1)).view(n, -1, d.latent_dim).to(q.dtype)
+        # Per sequence, its heads are the queries of one latent KV head (MQA): two batched
+        # matmuls over the gathered pages, the values being the latents themselves. (SDPA
+        # takes its slow path here, K and V being of different widths: 3x the step time.)
+        scores = torch.bmm(q, pages.transpose(1, 2)).float() * self.scale  # [n, heads, ctx]
+        scores.masked_fill_(~meta.decode_mask.reshape(n, 1, -1), float("-inf"))
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        latent = torch.bmm(probs, pages[..., :d.kv_lora_rank])  # [n, heads, kv_lora]
         # W_UV after attention: [heads, n, kv_lora] @ [heads, kv_lora, v_head].
-        return torch.bmm(latent[:, 0].transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+        return torch.bmm(latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
     def _prefill(self, q_nope: torch.Tensor, q_pe: torch.Tensor, w: MLAWeights,
                  cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:

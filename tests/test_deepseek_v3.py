@@ -13,12 +13,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import time
 
+import httpx
 import pytest
 import torch
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.catalog_api import model_object, openai_model_list
+from edgefire.contract.cities import load_city
+from edgefire.contract.headers import MINIATURE, WEIGHT_PRECISION
+from edgefire.gateway.app import create_app as create_gateway_app
+from edgefire.gateway.dashboard.routes import STATIC as DASHBOARD_STATIC
+from edgefire.gateway.db import Database
+from edgefire.gateway.settings import GatewaySettings
+from edgefire.gateway.state import GatewayState
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.models.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 from edgefire.models.moe import RouterSpec, route
@@ -28,6 +38,10 @@ from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine.llm_engine import LLMEngine
 from edgefire.runtime.engine.model_runner import kv_bytes_per_block
 from edgefire.runtime.engine.scheduler import ScheduledBatch
+from edgefire.runtime.node.node import EdgeNode
+from edgefire.runtime.node.settings import NodeSettings
+from edgefire.runtime.server import create_app as create_node_app
+from tests.conftest import free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -498,3 +512,71 @@ def test_the_catalog_says_it_is_a_miniature_and_keeps_the_real_config():
     models = {m["id"]: m for m in openai_model_list(Catalog.load())["data"]}
     assert models[KIMI]["miniature"] == note
     assert "miniature" not in models["@cf/huggingfacetb/smollm2-135m-instruct"]
+
+
+@pytest.fixture(scope="module")
+def live_node(serve):
+    """A real node (Frankfurt) over HTTP; it heartbeats to a gateway URL that may not listen."""
+    gateway_port, node_port = free_port(), free_port()
+    node = EdgeNode(load_city("fra"), NodeSettings(
+        kv_cache_mib=16, gateway_url=f"http://127.0.0.1:{gateway_port}",
+        public_url=f"http://127.0.0.1:{node_port}", heartbeat_interval_s=0.2))
+    with serve(create_node_app(node), node_port) as node_url:
+        yield node_url, gateway_port
+
+
+ASK = {"prompt": "Tell me about Paris.", "max_tokens": 6, "temperature": 0}
+
+
+@pytest.mark.slow
+def test_the_node_answers_the_alias_saying_it_is_a_miniature(live_node):
+    note = Catalog.load().get(KIMI).miniature
+    with httpx.Client(base_url=live_node[0], timeout=120) as direct:
+        answer = direct.post("/client/v4/accounts/acct/ai/run/@cf/kimi-k2.5", json=ASK)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers[MINIATURE] == note
+        assert answer.headers[WEIGHT_PRECISION]
+        result = answer.json()["result"]
+        assert isinstance(result["response"], str) and result["usage"]["completion_tokens"] > 0
+
+        streamed = direct.post("/client/v4/accounts/acct/ai/run/@cf/kimi-k2.5",
+                               json={**ASK, "stream": True})
+        assert streamed.status_code == 200 and streamed.headers[MINIATURE] == note
+        assert streamed.text.rstrip().endswith("data: [DONE]")
+
+        chat = direct.post("/client/v4/accounts/acct/ai/v1/chat/completions", json={
+            "model": "@cf/kimi-k2.5", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert chat.status_code == 200 and chat.headers[MINIATURE] == note
+        assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+
+        found = direct.get("/client/v4/accounts/acct/ai/models/search",
+                           params={"search": "kimi"}).json()["result"]
+        [shown] = [m for m in found if m["name"] == KIMI]
+        assert {"property_id": "miniature", "value": note} in shown["properties"]
+        listed = direct.get("/client/v4/accounts/acct/ai/v1/models").json()["data"]
+        assert [m["miniature"] for m in listed if m["id"] == KIMI] == [note]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DASHBOARD_STATIC.is_dir(),
+                    reason="the gateway cannot start here: no dashboard static folder")
+def test_the_gateway_relays_the_miniature_header(live_node, serve):
+    node_url, gateway_port = live_node
+    state = GatewayState.build(GatewaySettings(redis_url=None), db=Database(":memory:"))
+    account = state.accounts.create_account("a").id
+    _, token = state.accounts.create_token(account)
+    with serve(create_gateway_app(state), gateway_port) as gateway_url, \
+            httpx.Client(base_url=gateway_url, timeout=120,
+                         headers={"authorization": f"Bearer {token}"}) as through:
+        deadline = time.monotonic() + 30
+        while not state.directory.healthy():
+            assert time.monotonic() < deadline, "the node did not register"
+            time.sleep(0.05)
+        relayed = through.post(f"/client/v4/accounts/{account}/ai/run/@cf/kimi-k2.5", json=ASK)
+        assert relayed.status_code == 200, relayed.text
+        assert relayed.headers[MINIATURE] == Catalog.load().get(KIMI).miniature
+        direct = httpx.post(f"{node_url}/client/v4/accounts/acct/ai/run/@cf/kimi-k2.5",
+                            json=ASK, timeout=120)
+        assert json.loads(relayed.text)["result"]["response"] == direct.json()["result"][
+            "response"]
