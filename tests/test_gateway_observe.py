@@ -4,6 +4,7 @@ Prometheus metrics and their history, log bodies and the metadata filter, the de
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -228,3 +229,25 @@ def test_the_dev_session_is_given_to_this_machine_only(fleet):
     # A page on a DNS name rebound to 127.0.0.1 sends its own Host: no token for it.
     rebound = httpx.get(f"{gw.url}/dashboard/session", headers={"host": "evil.example"})
     assert rebound.status_code == 404 and rebound.json()["success"] is False
+
+
+def test_the_page_and_its_assets_are_served_from_the_package(fleet):
+    gw, _ = fleet
+    page = httpx.get(f"{gw.url}/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
+    # Every asset the page names is served, from this origin: nothing from a CDN.
+    assets = _asset_paths(page.text)
+    assert "/dashboard/app.js" in assets
+    for path in assets:
+        assert httpx.get(f"{gw.url}{path}").status_code == 200, path
+    for path in ("/dashboard/world-110m.json", "/dashboard/vendor/uPlot.iife.min.js"):
+        assert httpx.get(f"{gw.url}{path}").status_code == 200, path
+    assert httpx.get(f"{gw.url}/dashboard/nope.js").status_code == 404
+
+
+def _asset_paths(html: str) -> list[str]:
+    found = re.findall(r'(?:src|href)="([^"#]+)"', html)
+    assert all(not url.startswith(("http:", "https:", "//")) for url in found), found
+    return [url for url in found if url.startswith("/dashboard/")]

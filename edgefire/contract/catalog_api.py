@@ -3,9 +3,10 @@
 A model's properties are its context window, then any catalog field named like a Workers AI
 property (`price`, `function_calling`, …: _PROPERTY_IDS), then `planning_only` for models that
 cannot run here. Values are strings except `price`, as Cloudflare's. Edgefire adds
-`miniature` (what of the model is synthetic, for a miniature run in its place),
-`weight_precision` (absent where unknown) and, for runnable models, `weight_codec` (the catalog
-`codec` the weights load through). Which precision a runnable model has is the node's to say
+`size_tier` (the catalog's: small, medium, large, huge), `miniature` (what of the model is
+synthetic, for a miniature run in its place), `weight_precision` (absent where unknown) and,
+for runnable models, `weight_codec` (the catalog `codec` the weights load through). Which
+precision a runnable model has is the node's to say
 (edgefire.runtime.weight_precision.stated_precision: it knows the codecs and its dtype); the
 gateway, which loads neither, states only the published precision of planning-only models.
 """
@@ -120,6 +121,7 @@ def _properties(spec: ModelSpec, precision: str | None) -> list[dict]:
         key = _RENAMED.get(key, key)
         if key in _PROPERTY_IDS:
             found[key] = value if key == "price" else _string(value)
+    found["size_tier"] = spec.size_tier
     if not spec.runnable:
         found["planning_only"] = "true"
     if spec.miniature:
