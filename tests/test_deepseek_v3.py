@@ -198,22 +198,6 @@ def plain_logits(c: DeepseekV3Config, w: dict[str, torch.Tensor], ids: list[int]
     return norm(h, w["model.norm.weight"], c.rms_norm_eps) @ w["lm_head.weight"].T
 
 
-def tokens_of(prompts: list[str]) -> list[list[int]]:
-    tokenizer = _miniature_llm().tokenizer
-    return [tokenizer.encode(p) for p in prompts]
-
-
-_LLM: list[LLM] = []
-
-
-def _miniature_llm() -> LLM:
-    if not _LLM:  # one load for the module: prefix caching off, parity runs stay independent
-        _LLM.append(LLM(KIMI, engine_config=EngineConfig(
-            block_size=BLOCK, kv_cache_bytes=16 << 20, enable_prefix_caching=False,
-            dtype="float32")))
-    return _LLM[0]
-
-
 def with_engine(base: LLM, **config) -> LLM:
     """base's model and tokenizer with an engine (and KV pool) of its own."""
     clone = copy.copy(base)
@@ -258,7 +242,9 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return _miniature_llm()
+    """The served miniature, in float32; prefix caching off so parity runs stay independent."""
+    return LLM(KIMI, engine_config=EngineConfig(block_size=BLOCK, kv_cache_bytes=16 << 20,
+                                                enable_prefix_caching=False, dtype="float32"))
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +266,8 @@ def hf(weights):
 @pytest.fixture(scope="module")
 def prompts(llm) -> list[list[int]]:
     chat = llm.tokenizer.chat_template.render([{"role": "user", "content": "What is 2+2?"}])
-    ids = tokens_of(PROMPTS) + [llm.tokenizer.encode(chat, add_special_tokens=False)]
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    ids.append(llm.tokenizer.encode(chat, add_special_tokens=False))
     assert len({len(p) for p in ids}) == len(ids) and max(map(len, ids)) > 3 * BLOCK
     return ids
 
