@@ -1,9 +1,11 @@
 """Llama 4 text decoder (Scout): MoE feed-forward, interleaved chunked-local and global attention.
 
 As Meta's model and HF's Llama4 classes define it:
-- every layer's feed-forward is a mixture of experts (models/llama4_moe.py: top-1 of 16 with a
-  sigmoid-scaled input, plus a shared expert), or every `interleave_moe_layer_step`-th layer
-  with dense MLPs between (Maverick; Scout's step is 1);
+- every layer's feed-forward is a mixture of experts (models/moe.py): the top-1 of 16 experts
+  by router logit takes the token scaled by that logit's sigmoid (not normalised, and applied
+  to the expert's input rather than its output), and a shared expert takes every token
+  unscaled; or every `interleave_moe_layer_step`-th layer is, with dense MLPs between
+  (Maverick; Scout's step is 1);
 - three of every four layers (`no_rope_layer_interval: 4`) use RoPE (interleaved pairs, Llama 3
   frequency scaling) followed by an L2 norm of Q and K (`use_qk_norm`), and attend only within
   their `attention_chunk_size` chunk; every fourth layer uses no position encoding (NoPE) and
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from edgefire.models.attention.chunked import chunked_local_view
-from edgefire.models.llama4_moe import MoEWeights, SwiGLU, moe_forward
+from edgefire.models.moe import Experts, MoE, RouterSpec, SwiGLU
 from edgefire.models.precision import dense_precision
 from edgefire.models.rotary import InterleavedRotaryEmbedding, llama3_scaled, rope_inv_freq
 from edgefire.models.row_buckets import blocked_linear, dense_linear
@@ -93,10 +95,10 @@ class Llama4Layer:
     qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
     o: torch.Tensor
     mlp_norm: torch.Tensor
-    ffn: MoEWeights | SwiGLU
+    ffn: MoE | SwiGLU
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        ffn = self.ffn.tensors() if isinstance(self.ffn, MoEWeights) else (
+        ffn = self.ffn.tensors() if isinstance(self.ffn, MoE) else (
             self.ffn.gate_up, self.ffn.down)
         return (self.attn_norm, self.qkv, self.o, self.mlp_norm, *ffn)
 
@@ -119,13 +121,19 @@ class Llama4Weights:
         def get(name: str) -> torch.Tensor:
             return weights[name].to(dtype)
 
+        # Llama 4's rule: the top-k router logits through a sigmoid each, not renormalised.
+        router = RouterSpec(config.num_experts_per_tok, "sigmoid", norm_topk_prob=False)
         layers = []
         for i in range(config.num_layers):
             p = f"layers.{i}."
             if config.is_moe(i):
-                ffn: MoEWeights | SwiGLU = MoEWeights(
-                    get(p + "router"), get(p + "experts_gate_up"), get(p + "experts_down"),
-                    SwiGLU(get(p + "shared_gate_up"), get(p + "shared_down")))
+                # The router stays float32 in every copy (models/moe.py: a narrower one flips
+                # near-tied choices; HF's Llama4Router runs in the model's dtype).
+                ffn: MoE | SwiGLU = MoE(
+                    weights[p + "router"].float(), None,
+                    Experts(get(p + "experts_gate_up"), get(p + "experts_down")),
+                    SwiGLU(get(p + "shared_gate_up"), get(p + "shared_down")), router,
+                    scale_inputs=True)
             else:
                 ffn = SwiGLU(get(p + "gate_up"), get(p + "down"))
             layers.append(Llama4Layer(get(p + "attn_norm"), get(p + "qkv"), get(p + "o"),
@@ -211,10 +219,7 @@ class Llama4ForCausalLM:
                                           kv_cache[i], local if c.is_chunked(i) else meta)
             h = h + linear(attn, layer.o)
             x = F.rms_norm(h, (c.hidden_size,), layer.mlp_norm, eps)
-            if isinstance(layer.ffn, MoEWeights):
-                h = h + moe_forward(x, layer.ffn, c.num_experts_per_tok, linear)
-            else:
-                h = h + layer.ffn(x, linear)
+            h = h + layer.ffn(x, linear)
         return F.rms_norm(h, (c.hidden_size,), w.final_norm, eps)
 
     def _temperature(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

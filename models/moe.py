@@ -1,8 +1,8 @@
 """Mixture of experts: router scores -> top-k experts per token -> their SwiGLU MLPs (+ shared).
 
-Shared by the MoE architectures (DeepSeek-V3/Kimi K2.5 here; Llama 4 routes its own way and
-reuses `Experts` and `SwiGLU`). Three separate steps, so an architecture can swap the routing
-rule without touching the expert dispatch:
+Shared by the MoE architectures (DeepSeek-V3/Kimi K2.5, and Llama 4, whose experts take the
+score-scaled token: `scale_inputs`). Three separate steps, so an architecture can swap the
+routing rule without touching the expert dispatch:
 
     routing = route(router_logits, RouterSpec(...), bias)      # which experts, what weight
     out = experts(x, routing)                                   # each expert on its tokens
@@ -11,10 +11,15 @@ rule without touching the expert dispatch:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+# x @ W^T. A model passes its own (models/row_buckets.py: bucketed rows, or fixed row blocks in
+# deterministic mode) to run every projection the way its other layers run theirs.
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,9 +78,9 @@ class SwiGLU:
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
     down: torch.Tensor  # [hidden, intermediate]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+    def __call__(self, x: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down)
 
 
 @dataclass(slots=True)
@@ -85,8 +90,8 @@ class Experts:
     gate_up: torch.Tensor  # [experts, 2 * intermediate, hidden]
     down: torch.Tensor  # [experts, hidden, intermediate]
 
-    def __call__(self, x: torch.Tensor, routing: Routing,
-                 scale_inputs: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, routing: Routing, scale_inputs: bool = False,
+                 linear: Linear = F.linear) -> torch.Tensor:
         """Sum over each token's experts of weight * expert(x); with scale_inputs (Llama 4),
         expert(weight * x) instead. x: [tokens, hidden] -> [tokens, hidden]."""
         top_k = routing.experts.shape[1]
@@ -106,8 +111,8 @@ class Experts:
             start += count
             idx = tokens[rows]
             h = x[idx] * weights[rows] if scale_inputs else x[idx]
-            gate, up = F.linear(h, self.gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down[expert])
+            gate, up = linear(h, self.gate_up[expert]).chunk(2, dim=-1)
+            y = linear(F.silu(gate) * up, self.down[expert])
             out.index_add_(0, idx, y if scale_inputs else y * weights[rows])
         return out
 
@@ -124,11 +129,12 @@ class MoE:
     experts: Experts
     shared: SwiGLU | None
     spec: RouterSpec
+    scale_inputs: bool = False  # Llama 4: each expert sees score * x, its output unweighted
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        routing = route(F.linear(x.float(), self.router), self.spec, self.bias)
-        out = self.experts(x, routing)
-        return out if self.shared is None else out + self.shared(x)
+    def __call__(self, x: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
+        routing = route(linear(x.float(), self.router), self.spec, self.bias)
+        out = self.experts(x, routing, self.scale_inputs, linear)
+        return out if self.shared is None else out + self.shared(x, linear)
 
     def tensors(self) -> list[torch.Tensor]:
         held = [self.router, self.experts.gate_up, self.experts.down]

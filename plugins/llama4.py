@@ -78,7 +78,7 @@ def upcycle_smollm2(config: Llama4Config, gguf: dict[str, torch.Tensor], dtype: 
         if not config.is_moe(i):  # a dense layer (interleave_moe_layer_step > 1) keeps the MLP
             out[dst + "gate_up"], out[dst + "down"] = gate_up.to(dtype), down.to(dtype)
             continue
-        out[dst + "router"] = _router(config, gguf[src + "ffn_norm.weight"], generator).to(dtype)
+        out[dst + "router"] = _router(config, gguf[src + "ffn_norm.weight"], generator)
         # Shared and routed expert each give half: their sum is the MLP when the score is 1.
         gate_up, down = gate_up.to(dtype), (down * 0.5).to(dtype)
         out[dst + "shared_gate_up"], out[dst + "shared_down"] = gate_up, down

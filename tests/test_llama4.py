@@ -24,12 +24,11 @@ from edgefire.contract.catalog_api import model_object, openai_model_list
 from edgefire.contract.cities import load_city
 from edgefire.contract.errors import WeightsNotFoundError
 from edgefire.contract.headers import MINIATURE
-from edgefire.models import llama4
 from edgefire.models.attention import TorchPagedAttention
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel
 from edgefire.models.llama import LlamaConfig, LlamaForCausalLM, weights_from_gguf
 from edgefire.models.llama4 import Llama4Config, Llama4ForCausalLM, weights_from_hf
-from edgefire.models.llama4_moe import MoEWeights, SwiGLU, moe_forward
+from edgefire.models.moe import Experts, MoE, RouterSpec, SwiGLU
 from edgefire.plugins.llama4 import upcycle_smollm2
 from edgefire.plugins.local_paged import create_local_paged_pool
 from edgefire.runtime import EngineConfig, SamplingParams
@@ -259,18 +258,21 @@ def test_deterministic_requests_are_bitwise_the_same_in_any_batch(weights, token
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_moe_matches_a_plain_loop_over_tokens(top_k):
+def test_moe_with_scaled_inputs_matches_a_plain_loop_over_tokens(top_k):
+    """models/moe.py as Llama 4 uses it: each of the top-k experts takes sigmoid(its logit) * x
+    (no renormalisation), the shared expert x, and the outputs add."""
     g = torch.Generator().manual_seed(3)
     experts, hidden, inter, n = 16, 24, 20, 37
 
     def rand(*shape):
         return torch.randn(*shape, generator=g) * 0.3
 
-    w = MoEWeights(rand(experts, hidden), rand(experts, 2 * inter, hidden),
-                   rand(experts, hidden, inter), SwiGLU(rand(2 * inter, hidden),
-                                                        rand(hidden, inter)))
+    moe = MoE(rand(experts, hidden), None, Experts(rand(experts, 2 * inter, hidden),
+                                                   rand(experts, hidden, inter)),
+              SwiGLU(rand(2 * inter, hidden), rand(hidden, inter)),
+              RouterSpec(top_k, "sigmoid", norm_topk_prob=False), scale_inputs=True)
     x = rand(n, hidden) * 3
-    got = moe_forward(x, w, top_k, torch.nn.functional.linear)
+    got = moe(x)
 
     def mlp(v, gate_up, down):
         gate, up = (gate_up @ v).chunk(2)
@@ -278,13 +280,14 @@ def test_moe_matches_a_plain_loop_over_tokens(top_k):
 
     expected = torch.empty_like(x)
     for t in range(n):
-        logits = w.router @ x[t]
-        out = mlp(x[t], w.shared.gate_up, w.shared.down)
+        logits = moe.router @ x[t]
+        out = mlp(x[t], moe.shared.gate_up, moe.shared.down)
         for e in logits.argsort(descending=True)[:top_k].tolist():
-            out = out + mlp(torch.sigmoid(logits[e]) * x[t], w.gate_up[e], w.down[e])
+            out = out + mlp(torch.sigmoid(logits[e]) * x[t], moe.experts.gate_up[e],
+                            moe.experts.down[e])
         expected[t] = out
     assert (got - expected).abs().max() < 1e-5
-    assert len(set((x @ w.router.T).argmax(-1).tolist())) > 4  # tokens really spread out
+    assert len(set((x @ moe.router.T).argmax(-1).tolist())) > 4  # tokens really spread out
 
 
 def test_upcycling_smollm2_keeps_its_output_when_attention_is_smollm2s(smol_gguf, monkeypatch):
@@ -308,13 +311,14 @@ def test_upcycling_smollm2_keeps_its_output_when_attention_is_smollm2s(smol_gguf
 
     ids = list(range(1000, 1040))
     expected = _whole_prompt_logits(smol, ids)
-    routed = []  # (the MoE's input, its weights) per layer
+    routed = []  # (the MoE's input, the MoE) per layer
+    call = MoE.__call__
 
-    def recording(x, w, top_k, linear):
-        routed.append((x, w))
-        return moe_forward(x, w, top_k, linear)
+    def recording(moe, x, linear):
+        routed.append((x, moe))
+        return call(moe, x, linear)
 
-    monkeypatch.setattr(llama4, "moe_forward", recording)
+    monkeypatch.setattr(MoE, "__call__", recording)
     got = _whole_prompt_logits(mini, ids)
     assert len(routed) == layers
     assert (got - expected).abs().max() < 1e-3
