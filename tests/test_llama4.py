@@ -57,7 +57,9 @@ def hf_config(c: Llama4Config) -> Llama4TextConfig:
     config = Llama4TextConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
         num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, intermediate_size=c.intermediate_size, intermediate_size_mlp=96,
+        head_dim=c.head_dim, intermediate_size=c.intermediate_size,
+        intermediate_size_mlp=c.intermediate_size_mlp or 96,
+        interleave_moe_layer_step=c.interleave_moe_layer_step,
         num_local_experts=c.num_local_experts, num_experts_per_tok=c.num_experts_per_tok,
         max_position_embeddings=c.max_position,
         rope_parameters={"rope_type": "llama3", "rope_theta": c.rope_theta, **SCALING},
@@ -198,6 +200,20 @@ def test_engine_matches_hf_across_attention_chunks(hf_model, weights, tokenizer,
               {"a": ids})["a"]
     assert len(got.tokens) == NEW_TOKENS
     assert_matches_hf(hf_model, ids, got)
+
+
+def test_maverick_style_dense_layers_and_no_qk_norm_match_hf(tokenizer):
+    """The other Llama 4 shape: MoE on every second layer with dense MLPs between
+    (interleave_moe_layer_step 2, as Maverick), QK norm off; prefill and decode vs HF."""
+    config = dataclasses.replace(CONFIG, interleave_moe_layer_step=2, intermediate_size_mlp=40,
+                                 use_qk_norm=False)
+    torch.manual_seed(1)
+    hf = HFLlama4(hf_config(config)).eval()
+    assert [config.is_moe(i) for i in range(4)] == [i in hf.config.moe_layers for i in range(4)]
+    assert not config.is_moe(0) and config.is_moe(1)
+    weights = weights_from_hf(config, hf.state_dict())
+    ids = prompt(3, 19)
+    assert_matches_hf(hf, ids, run(engine_for(weights, tokenizer, config=config), {"a": ids})["a"])
 
 
 def test_a_prompt_within_one_chunk_matches_hf(hf_model, weights, tokenizer):
