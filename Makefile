@@ -5,10 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgefire-installed
 KERNEL_STAMP := $(VENV)/.edgefire-kernels
 KERNELS := $(wildcard models/attention/*.cpp plugins/unweight/*.cpp)
+# Debian's Chromium, for the dashboard's browser tests (Playwright drives it by executable_path;
+# no `playwright install`, nothing downloaded by the tests). `make run` does not need it.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 CITY ?= fra
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: setup run generate test test-fast lint bench clean
+.PHONY: setup run generate test test-fast screenshots lint bench clean
 
 $(STAMP): pyproject.toml setup.py Makefile tests/plugins/edgefire_dummy/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,8 +39,17 @@ run: setup
 generate: setup
 	$(VENV)/bin/edgefire generate "$(PROMPT)" --temperature 0 --max-tokens 64
 
-test: setup
+# Installed only when missing: the file is its own up-to-date check.
+$(CHROMIUM):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+test: setup $(CHROMIUM)
 	$(PY) -m pytest -q
+
+# The dashboard's screenshots the README links (docs/dashboard/), re-taken by its browser tests.
+screenshots: setup $(CHROMIUM)
+	EDGEFIRE_SCREENSHOTS=docs/dashboard $(PY) -m pytest -q tests/test_dashboard_browser.py
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

@@ -114,7 +114,12 @@ export async function* sseEvents(response) {
         buffer = buffer.slice(cut + 1);
         if (!line.startsWith('data:')) continue;
         const payload = line.slice(5).trim();
-        if (payload === '[DONE]') return;
+        if (payload === '[DONE]') {
+          // Read on to the end of the body (the server closes it right after [DONE]):
+          // cancelling it before then aborts the request (net::ERR_ABORTED in the network log).
+          while (!(await reader.read()).done) { /* nothing after [DONE] */ }
+          return;
+        }
         yield JSON.parse(payload);
       }
     }
