@@ -1,6 +1,9 @@
 """Benchmark the offline engine on SmolLM2-135M against HF transformers and llama.cpp.
 
-Run from the repository root: .venv/bin/python -m bench.engine [--quick]
+Run from the repository root: .venv/bin/python -m bench.engine [--quick] [--model ID]
+`--model` runs another catalog model (a miniature such as @cf/kimi-k2.5) without the peers,
+which read only SmolLM2's GGUF; its results go to bench/results/engine-<model>.{json,md}.
+Every run reports the KV cache's bytes per token, measured on the pool against the formula.
 Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
 on stdout, the same and a table in bench/results/engine.{json,md}.
 """
@@ -32,7 +35,7 @@ from bench._common import (
     write_results,
 )
 from bench.peers import llama_bin, run_hf, run_llama
-from edgefire.contract.catalog import Catalog
+from edgefire.contract.catalog import Catalog, ModelSpec
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.weights import resolve_source
 
@@ -56,6 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", default=None, help="comma list (default 1,8,32,64)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (quick: 32)")
     p.add_argument("--quick", action="store_true", help="smoke run: C=1,4 and 32 new tokens")
+    p.add_argument("--model", default=MODEL, help=f"catalog id or alias (default {MODEL})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-hf", action="store_true")
@@ -168,6 +172,38 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
     return ratios, targets
 
 
+def kv_bytes_per_token(llm: LLM, spec: ModelSpec) -> dict:
+    """The pool's bytes per token slot, and the same from the config's formula: MLA keeps the
+    latent and the RoPE key per layer, attention with K/V heads keeps both per head. For a
+    miniature, also what the real model (catalog `config:`, bfloat16 cache) would keep."""
+    engine = llm.engine
+    measured = engine.runner.kv_cache.nbytes / (engine.blocks.num_blocks * engine.config.block_size)
+    itemsize = llm.model.kv_dtype.itemsize
+    out = {"kv_dtype": str(llm.model.kv_dtype).removeprefix("torch."), "measured": measured,
+           "planned": _kv_values(asdict(llm.model.config)) * itemsize}
+    if "miniature" in spec.extra:
+        real = spec.extra["config"]
+        out["real_model_bfloat16"] = _kv_values(real, full_length_only=True) * 2
+        if real.get("attention_chunk_size"):  # and each local layer keeps up to a chunk
+            local = _kv_values(real) - _kv_values(real, full_length_only=True)
+            out["real_model_local_bfloat16_per_sequence"] = local * 2 * real[
+                "attention_chunk_size"]
+    return out
+
+
+def _kv_values(c: dict, full_length_only: bool = False) -> int:
+    if c.get("kv_lora_rank"):  # multi-head latent attention
+        return c["num_layers"] * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+    heads = c.get("num_kv_heads") or c["num_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_heads"]
+    layers = c["num_layers"]
+    if full_length_only and c.get("attention_chunk_size"):
+        # Llama 4: only the global (NoPE) layers, one in no_rope_layer_interval, keep KV for
+        # the whole context in its deployment; this engine's pool keeps it in every layer.
+        layers //= c["no_rope_layer_interval"]
+    return layers * 2 * heads * head_dim
+
+
 def render_markdown(result: dict) -> str:
     ef, hf = result["edgefire"]["per_concurrency"], result["hf"]
     ll = result["llama_cpp"]
@@ -188,21 +224,34 @@ def render_markdown(result: dict) -> str:
     targets = markdown_table(["ratio", "value", "target", "met"], [
         [name, t["ratio"], f">= {t['target']}", t["met"]] for name, t in result["targets"].items()])
     w = result["workload"]
-    return (f"SmolLM2-135M-Instruct (Q4_1 GGUF), {w['max_new_tokens']} new tokens, prompts "
+    kv = result["kv_bytes_per_token"]
+    model = ("SmolLM2-135M-Instruct (Q4_1 GGUF)" if result["model"] == MODEL
+             else f"{result['model']} ({result['miniature'] or 'from the catalog'})")
+    return (f"{model}, {w['max_new_tokens']} new tokens, prompts "
             f"{w['prompt_len_range'][0]}-{w['prompt_len_range'][1]} tokens, "
             f"{result['machine']['cpu_count']} CPUs, {w['threads']} threads. "
-            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB.\n\n"
-            f"{table}\n{targets}")
+            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB. "
+            f"KV cache ({kv['kv_dtype']}): {kv['measured']:g} bytes per token measured, "
+            f"{kv['planned']} by formula"
+            + (f"; the real model: {kv['real_model_bfloat16']} (bfloat16)"
+               if "real_model_bfloat16" in kv else "")
+            + (f" plus {kv['real_model_local_bfloat16_per_sequence']} per sequence for its "
+               "chunked-local layers" if "real_model_local_bfloat16_per_sequence" in kv else "")
+            + f".\n\n{table}\n{targets}")
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     machine = machine_info()
-    gguf = Path(resolve_source(Catalog.load().get_runnable(MODEL).weights))
+    spec = Catalog.load().get_runnable(args.model)
+    # The peers read SmolLM2's GGUF; any other model runs alone.
+    gguf = Path(resolve_source(spec.weights)) if spec.id == MODEL else None
+    if gguf is None:
+        args.skip_llama = args.skip_hf = True
     config = EngineConfig(kv_cache_bytes=3 << 30, max_num_seqs=64, max_num_batched_tokens=1024)
-    log(f"loading {MODEL} from {gguf}")
-    llm = LLM(MODEL, engine_config=config)
+    log(f"loading {spec.id} from {gguf or spec.weights}")
+    llm = LLM(spec.id, engine_config=config)
     encode = _encoder(llm)
     workloads = {c: make_prompts(encode, prompt_lengths(c, *PROMPT_RANGE, args.seed + c),
                                  args.seed + c, f"c{c}") for c in args.concurrency}
@@ -210,10 +259,13 @@ def main() -> None:
     edgefire = {"engine_config": asdict(llm.engine.config),
                 "per_concurrency": run_edgefire(llm, workloads, args.max_new_tokens, args.seed)}
     edgefire["peak_rss_mib"] = peak_rss_mib()
+    kv = kv_bytes_per_token(llm, spec)
+    log(f"KV bytes per token: {kv}")
     del llm
     gc.collect()
     result = {
-        "bench": "engine", "model": MODEL, "gguf": str(gguf), "quick": args.quick,
+        "bench": "engine", "model": spec.id, "gguf": str(gguf) if gguf else None,
+        "miniature": spec.miniature, "kv_bytes_per_token": kv, "quick": args.quick,
         "workload": {"concurrency": args.concurrency, "prompt_len_range": list(PROMPT_RANGE),
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                      "greedy": True, "ignore_eos": True, "threads": args.threads},
@@ -228,7 +280,8 @@ def main() -> None:
     result["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     markdown = render_markdown(result)
     log("\n" + markdown)
-    write_results("engine", result, markdown)
+    write_results("engine" if spec.id == MODEL else f"engine-{spec.id.rsplit('/', 1)[-1]}",
+                  result, markdown)
 
 
 def llama_peer(args: argparse.Namespace, gguf: Path, workloads: dict) -> dict:

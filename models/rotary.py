@@ -1,6 +1,8 @@
-"""Rotary position embedding (rotate-half form, as HF Llama applies it)."""
+"""Rotary position embedding: rotate-half (HF Llama) and interleaved pairs (Llama 4)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -27,4 +29,49 @@ class RotaryEmbedding:
         for x in xs:
             rotated = torch.cat((-x[..., self.half:], x[..., : self.half]), dim=-1)
             out.append(x * cos + rotated * sin)
+        return out
+
+
+def rope_inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                  high_freq_factor: float, original_max_position: int) -> torch.Tensor:
+    """Llama 3.1's long-context frequencies (also Llama 4 Scout's): long wavelengths slowed by
+    `factor`, short ones kept, the band between blended; as HF's `llama3` rope type."""
+    low_wavelen = original_max_position / low_freq_factor
+    high_wavelen = original_max_position / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    # With low == high factor (Scout) the band is empty and smooth is inf/nan, never selected.
+    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor
+                                                                   - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+class InterleavedRotaryEmbedding:
+    """Rotary embedding on adjacent pairs (x[2i], x[2i+1]): Meta's Llama 4 layout (HF Llama4
+    applies it as a complex product), and the layout llama.cpp's GGUF Q/K rows are in."""
+
+    def __init__(self, inv_freq: torch.Tensor, max_positions: int) -> None:
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.cos, self.sin = freqs.cos(), freqs.sin()
+
+    def to(self, dtype: torch.dtype) -> InterleavedRotaryEmbedding:
+        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+        return self
+
+    def __call__(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+        """Rotate each [tokens, heads, head_dim] tensor by its token's position."""
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        out = []
+        for x in xs:
+            pairs = x.unflatten(-1, (-1, 2))
+            even, odd = pairs[..., 0], pairs[..., 1]
+            out.append(torch.stack((even * cos - odd * sin, even * sin + odd * cos),
+                                   dim=-1).flatten(-2))
         return out

@@ -69,7 +69,7 @@ def test_builtins_and_installed_entry_point_are_discovered():
     assert dummy.source == "edgefire-dummy-plugin==0.1.0"
     assert {(r.kind, r.name) for r in dummy.registrations} == {
         ("KV backend", "dummy_counting"), ("codec", "dummy_zlib")}
-    assert host.models.names() == ["bert", "llama"]
+    assert host.models.names() == ["bert", "deepseek_v3", "llama", "llama4_moe"]
     assert "dummy_zlib" in host.codecs.names()
     assert "dummy_provider" not in host.plugins  # the distribution's gateway entry point
 

@@ -246,12 +246,13 @@ def test_models_search_states_each_weight_precision(client, node):
     compute = compute_precision(node.settings.dtype)
     expected = {SMOL: (compute, "identity"), SMOL_INT8: ("int8", "int8"),
                 SMOL_INT4: ("int4-g32", "int4"), SMOL_UNWEIGHT: ("bfloat16-unweight", "unweight"),
-                MINILM: ("float32", "identity")}
+                MINILM: ("float32", "identity"),
+                # A miniature holds its seeded weights as the node computes, not as published.
+                "@cf/moonshotai/kimi-k2.5": (compute, "identity")}
     for name, (precision, codec) in expected.items():
         assert (shown[name]["weight_precision"], shown[name]["weight_codec"]) == (precision, codec)
     # Planning-only models show their published dtype and no codec.
     assert shown["@cf/meta/llama-3.1-8b-instruct"]["weight_precision"] == "bfloat16"
-    assert shown["@cf/moonshotai/kimi-k2.5"]["weight_precision"] == "int4"
     assert not any("weight_codec" in props for props in shown.values()
                    if props.get("planning_only"))
 

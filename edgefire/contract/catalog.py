@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -37,6 +37,36 @@ class ModelSpec:
         computes it from the model's config (its miniature's, when it has one): weights,
         KV pool and reserve (edgefire.planning.node). Nobody enters it by hand."""
         return need_bytes(self)
+
+    @property
+    def miniature(self) -> str | None:
+        """What of this model is synthetic, when what runs here is a miniature of it (the
+        catalog's `miniature:` beside the real `config:`); None for a model served as it is.
+        Every answer says it (x-edgefire-miniature), and so do the listings."""
+        mini = self.extra.get("miniature")
+        return None if not mini else miniature_note(self.extra.get("config", {}), mini)
+
+
+# Keys of a `miniature:` entry that say how it is made rather than how big it is.
+_MINIATURE_ORIGIN = ("seed", "derive", "tokenizer")
+
+
+def miniature_note(real: Mapping, mini: Mapping) -> str:
+    """`num_layers 4 of 61, hidden_size 256 of 7168, …; weights seeded at random (seed 0), so
+    its text is meaningless; tokenizer borrowed from …`: every size the miniature shrinks,
+    next to the real config's, then where its weights and tokenizer come from."""
+    shrunk = [f"{key} {value} of {real[key]}" for key, value in mini.items()
+              if key not in _MINIATURE_ORIGIN and key in real and value != real[key]
+              and not isinstance(value, Mapping)]
+    parts = [", ".join(shrunk)] if shrunk else []
+    if "seed" in mini:
+        parts.append(f"weights seeded at random (seed {mini['seed']}), so its text is "
+                     "meaningless")
+    if "derive" in mini:
+        parts.append(f"weights derived from {mini['derive']}")
+    if "tokenizer" in mini:
+        parts.append("tokenizer borrowed from " + str(mini["tokenizer"]).split("://")[-1])
+    return "miniature: " + "; ".join(parts)
 
 
 class Catalog:

@@ -3,9 +3,10 @@
 A model's properties are its context window, then any catalog field named like a Workers AI
 property (`price`, `function_calling`, …: _PROPERTY_IDS), then `planning_only` for models that
 cannot run here. Values are strings except `price`, as Cloudflare's. Edgefire adds
-`size_tier` (the catalog's: small, medium, large, huge), `weight_precision` (absent where
-unknown) and, for runnable models, `weight_codec` (the catalog `codec` the weights load
-through). Which precision a runnable model has is the node's to say
+`size_tier` (the catalog's: small, medium, large, huge), `miniature` (what of the model is
+synthetic, for a miniature run in its place), `weight_precision` (absent where unknown) and,
+for runnable models, `weight_codec` (the catalog `codec` the weights load through). Which
+precision a runnable model has is the node's to say
 (edgefire.runtime.weight_precision.stated_precision: it knows the codecs and its dtype); the
 gateway, which loads neither, states only the published precision of planning-only models.
 """
@@ -45,9 +46,15 @@ def author(model_id: str) -> str:
 
 
 def openai_model_list(catalog: Catalog) -> dict:
-    """The runnable models as OpenAI's `GET /v1/models` lists them."""
-    data = [{"id": spec.id, "object": "model", "created": 0, "owned_by": author(spec.id)}
-            for spec in catalog.specs if spec.runnable and spec.weights]
+    """The runnable models as OpenAI's `GET /v1/models` lists them; a miniature says so in an
+    extra `miniature` field (what of it is synthetic)."""
+    data = []
+    for spec in catalog.specs:
+        if spec.runnable and spec.weights:
+            item = {"id": spec.id, "object": "model", "created": 0, "owned_by": author(spec.id)}
+            if spec.miniature:
+                item["miniature"] = spec.miniature
+            data.append(item)
     return {"object": "list", "data": data}
 
 
@@ -119,6 +126,8 @@ def _properties(spec: ModelSpec, precision: str | None) -> list[dict]:
     found["size_tier"] = spec.size_tier
     if not spec.runnable:
         found["planning_only"] = "true"
+    if spec.miniature:
+        found["miniature"] = spec.miniature
     if precision is not None:
         found["weight_precision"] = precision
     if spec.runnable:

@@ -12,6 +12,9 @@ WEIGHT_PRECISION = "x-edgefire-weight-precision"
 PROMPT_TOKENS = "x-edgefire-prompt-tokens"
 # Workers AI's request id on an answer; the gateway passes it through.
 REQUEST_ID = "cf-ai-req-id"
+# On every inference answer of a miniature (a big model's architecture at a small size, run in
+# its place here): what of it is synthetic (ModelSpec.miniature).
+MINIATURE = "x-edgefire-miniature"
 # On an answer made by a stand-in model (the requested one cannot run here): the stand-in's id.
 STAND_IN = "x-edgefire-stand-in"
 # A request asking the gateway to fail it as production would (edgefire.gateway.faults).

@@ -10,7 +10,7 @@ import httpx
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.errors import UpstreamError
-from edgefire.contract.headers import PROMPT_TOKENS, WEIGHT_PRECISION
+from edgefire.contract.headers import MINIATURE, PROMPT_TOKENS, WEIGHT_PRECISION
 from edgefire.gateway.node_auth import NodeCredentials
 
 
@@ -41,8 +41,8 @@ class UpstreamResponse:
 
 
 # What the client sees of an upstream's headers: the body's type, and what the edge node says
-# of the answer (its request id; the precision of the weights that made it).
-_KEPT_HEADERS = ("content-type", "cf-ai-req-id", WEIGHT_PRECISION, PROMPT_TOKENS)
+# of the answer (its request id; the precision of the weights that made it; a miniature's note).
+_KEPT_HEADERS = ("content-type", "cf-ai-req-id", WEIGHT_PRECISION, PROMPT_TOKENS, MINIATURE)
 
 
 @dataclass(slots=True)

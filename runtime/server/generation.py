@@ -21,7 +21,7 @@ from starlette.types import Receive
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.disconnect import unless_disconnected
 from edgefire.contract.errors import CapacityError
-from edgefire.contract.headers import PROMPT_TOKENS, WEIGHT_PRECISION
+from edgefire.contract.headers import MINIATURE, PROMPT_TOKENS, WEIGHT_PRECISION
 from edgefire.contract.http_errors import time_limit
 from edgefire.contract.text_generation import TextGenerationRequest
 from edgefire.runtime.engine.outputs import RequestOutput, Usage
@@ -42,10 +42,21 @@ class Completion:
 
 @dataclass(slots=True)
 class Completed:
-    """A finished call's choices and the precision of the weights that made them."""
+    """A finished call's choices, the precision of the weights that made them and the headers
+    its answer carries (answer_headers)."""
 
     choices: list[Completion]
     weight_precision: str
+    headers: dict[str, str]
+
+
+def answer_headers(spec: ModelSpec, weight_precision: str) -> dict[str, str]:
+    """What every inference answer says of the model that made it: its weights' precision and,
+    for a miniature run in a big model's place, what of it is synthetic."""
+    headers = {WEIGHT_PRECISION: weight_precision}
+    if spec.miniature:
+        headers[MINIATURE] = spec.miniature
+    return headers
 
 
 @dataclass(slots=True)
@@ -73,10 +84,13 @@ class Generation:
         return self._served.weight_precision
 
     @property
+    def headers(self) -> dict[str, str]:
+        return answer_headers(self._served.spec, self.weight_precision)
+
+    @property
     def stream_headers(self) -> dict[str, str]:
-        """What a streamed answer says up front: the weights' precision, the prompt's size."""
-        return {WEIGHT_PRECISION: self.weight_precision,
-                PROMPT_TOKENS: str(self.num_prompt_tokens)}
+        """What a streamed answer says up front: answer_headers, the prompt's size."""
+        return {**self.headers, PROMPT_TOKENS: str(self.num_prompt_tokens)}
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
             salt: bytes, timer: RequestTimer) -> None:
@@ -172,7 +186,7 @@ class TextGenerator:
             try:
                 # One at a time is enough: every choice runs in the engine meanwhile.
                 choices = [await generation.collect(i) for i in range(generation.num_choices)]
-                return Completed(choices, generation.weight_precision)
+                return Completed(choices, generation.weight_precision, generation.headers)
             finally:
                 await generation.close()
 

@@ -14,7 +14,6 @@ from edgefire.contract.bodies import read_json
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.envelope import success
 from edgefire.contract.errors import InvalidInputError
-from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
@@ -24,6 +23,7 @@ from edgefire.runtime.server.generation import (
     Completion,
     Generation,
     TextGenerator,
+    answer_headers,
     usage_json,
 )
 
@@ -60,7 +60,7 @@ class WorkersAIRoutes:
             result = {"response": _parsed(done) if inputs.json_mode else done.text,
                       "finish_reason": done.finish_reason}
         return success({**result, "usage": usage_json([done.usage])},
-                       headers={WEIGHT_PRECISION: completed.weight_precision})
+                       headers=completed.headers)
 
     async def _embed(self, request: Request, spec: ModelSpec, body: dict[str, Any]) -> Response:
         inputs = embeddings.parse_run(body, spec)
@@ -68,7 +68,7 @@ class WorkersAIRoutes:
         vectors = result.vectors
         return success({"shape": list(vectors.shape), "data": vectors.tolist(),
                         "pooling": inputs.pooling},
-                       headers={WEIGHT_PRECISION: result.weight_precision})
+                       headers=answer_headers(spec, result.weight_precision))
 
 
 async def _events(generation: Generation) -> AsyncIterator[dict]:

@@ -15,13 +15,18 @@ from starlette.responses import JSONResponse, Response
 from edgefire.contract import embeddings, text_generation
 from edgefire.contract.bodies import read_json
 from edgefire.contract.catalog_api import openai_model_list
-from edgefire.contract.headers import WEIGHT_PRECISION
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.server import tool_calls
 from edgefire.runtime.server.embedding import Embedder
-from edgefire.runtime.server.generation import Completion, Generation, TextGenerator, usage_json
+from edgefire.runtime.server.generation import (
+    Completion,
+    Generation,
+    TextGenerator,
+    answer_headers,
+    usage_json,
+)
 
 
 class OpenAIRoutes:
@@ -47,7 +52,7 @@ class OpenAIRoutes:
         done = await self.text.complete(request.receive, account_id, spec, inputs)
         head["system_fingerprint"] = fingerprint(done.weight_precision)
         return JSONResponse(_completion(head, done.choices, inputs.calls_tools),
-                            headers={WEIGHT_PRECISION: done.weight_precision})
+                            headers=done.headers)
 
     async def embeddings(self, request: Request) -> Response:
         body = await read_json(request, self.node.settings.max_request_bytes)
@@ -61,7 +66,7 @@ class OpenAIRoutes:
         tokens = result.num_tokens
         return JSONResponse({"object": "list", "data": data, "model": name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-                            headers={WEIGHT_PRECISION: result.weight_precision})
+                            headers=answer_headers(spec, result.weight_precision))
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(openai_model_list(self.node.catalog))
