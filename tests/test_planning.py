@@ -126,11 +126,13 @@ def test_formulas_match_the_publishers_parameter_counts(model_id):
         spec.extra["config"]["params_b"], rel=0.02)
 
 
-def test_kimi_stores_routed_experts_in_int4_and_the_rest_in_bf16():
+def test_kimi_stores_routed_experts_in_int4_routers_in_fp32_and_the_rest_in_bf16():
     m = real(KIMI)
     experts = 60 * 384 * 3 * 7168 * 2048  # 60 MoE layers of 384 routed experts
-    rest = m.shape.params - experts
-    assert weight_bytes(m) == pytest.approx(experts * 4.5 / 8 + rest * 2, rel=1e-9)
+    routers = 60 * (384 * 7168 + 384)  # and their routers, with the correction bias
+    rest = m.shape.params - experts - routers
+    assert weight_bytes(m) == pytest.approx(experts * 4.5 / 8 + routers * 4 + rest * 2,
+                                            rel=1e-9)
     assert 550 * GIB < weight_bytes(m) < 560 * GIB  # the seed: "~560 GB"
 
 

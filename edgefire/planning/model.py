@@ -76,9 +76,12 @@ class PlannedModel:
 
 
 def group_bytes(model: PlannedModel, weights: Weights, dense: str | None = None) -> float:
-    """Bytes of one weight group: the format its config key names (or `dense`, the node's
-    compute dtype, which replaces every stored format on this machine), then the codec."""
-    if dense is not None:
+    """Bytes of one weight group: its fixed format, else the format its config key names (or
+    `dense`, the node's compute dtype, which replaces every stored format on this machine),
+    then the codec."""
+    if weights.fixed is not None:
+        name = weights.fixed
+    elif dense is not None:
         name = dense
     else:
         name = model.config.get(weights.dtype_key) or model.config.get("weight_dtype", "bf16")

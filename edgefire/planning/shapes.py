@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from edgefire.contract.errors import PlanningError
 
+# Routers (and DeepSeek's correction bias) stay float32, as the released checkpoints keep them
+# and the node's MoE holds them (models/moe.py: a narrower router flips near-tied choices).
+ROUTER_DTYPE = "fp32"
+
 
 @dataclass(slots=True, frozen=True)
 class Weights:
@@ -27,6 +31,7 @@ class Weights:
     kind: str = "projections"  # projections, embeddings or other (never re-encoded)
     replicated: bool = False
     dtype_key: str = "weight_dtype"
+    fixed: str | None = None  # a format the group keeps whatever the config or the node says
 
 
 @dataclass(slots=True, frozen=True)
@@ -95,7 +100,7 @@ def _mlp(role: str, hidden: int, inter: int, count: int = 1) -> Weights:
 def _stored(c: Mapping, experts: int) -> int:
     """Routed experts whose weights are held: all of them, unless the config says fewer
     (`stored_experts`: a miniature upcycled from a dense model may keep its experts as views
-    of one MLP, which take the memory of one)."""
+    of one MLP, which take the memory of one, or none when that MLP is the shared expert's)."""
     return min(_int(c, "stored_experts", experts), experts)
 
 
@@ -128,7 +133,8 @@ def llama4_moe(c: Mapping) -> ModelShape:
         if (i + 1) % max(step, 1) == 0:
             mlp = (_mlp("routed_experts", hidden, inter, _stored(c, experts)),
                    _mlp("shared_experts", hidden, inter),
-                   Weights("router", experts * hidden, kind="other", replicated=True))
+                   Weights("router", experts * hidden, kind="other", replicated=True,
+                           fixed=ROUTER_DTYPE))
             width = 3 * (top_k + 1) * inter + experts
         else:
             mlp, width = (_mlp("mlp", hidden, dense_inter),), 3 * dense_inter
@@ -168,7 +174,8 @@ def deepseek_v3(c: Mapping) -> ModelShape:
         else:
             mlp = (_mlp("routed_experts", hidden, moe_inter, _stored(c, experts)),
                    _mlp("shared_experts", hidden, moe_inter, shared),
-                   Weights("router", experts * hidden + experts, kind="other", replicated=True))
+                   Weights("router", experts * hidden + experts, kind="other", replicated=True,
+                           fixed=ROUTER_DTYPE))
             width = 3 * (top_k + shared) * moe_inter + experts
         shaped.append(Layer((latent, attention, *mlp, latent_norms, _norms(hidden)), kv,
                             act + width))
