@@ -70,3 +70,13 @@ def test_the_env_ai_binding_example(fleet):
 def test_the_offline_llm_example(fleet):
     out = _run(fleet, [sys.executable, "-c"], _block("python", "llm.chat("))
     assert out.count("Usage(") == 2
+
+
+def test_the_miniature_example(fleet):
+    """`make run` answers Kimi K2.5 through the gateway, as its miniature, and says so."""
+    talk = _blocks("bash", "curl $AI/run")[0]
+    setup = [line for line in talk.splitlines() if line.startswith(("ACCT=", "TOKEN=", "AI="))]
+    script = "set -euo pipefail\n" + "\n".join([*setup, _block("bash", "kimi-k2.5 -H")])
+    out = _run(fleet, ["bash", "-c"], script)
+    assert out.lower().startswith("x-edgefire-miniature: miniature: num_layers 4 of 61")
+    assert "weights seeded at random" in out
