@@ -434,6 +434,14 @@ def _fleet_page(ui: Ui, fleet: Fleet, api: httpx.Client) -> None:
         expect(ui.by_id(f"city-{city.code}").first).to_be_attached()
     for testid in ("city-fra-running", "city-fra-waiting", "city-fra-kv"):
         expect(ui.by_id(testid).first).to_have_text(NUMBER)
+    # The capacity table: Kimi K2.5's real model fits Frankfurt's 8×H100 (as 8 pipeline
+    # stages) and not London's one L4; the cities' verdicts follow.
+    kimi = ui.by_id("capacity").locator("tbody tr").filter(has_text="kimi-k2.5")
+    codes = [code.lower() for code in ui.by_id("capacity").locator("thead th").all_inner_texts()]
+    cells = {code: kimi.locator("td").nth(i - 1) for i, code in enumerate(codes) if i}
+    expect(cells["fra"]).to_contain_text("✓ pp8")
+    expect(cells["lhr"]).to_contain_text("too big")
+    expect(cells["lhr"]).to_contain_text("✗ weights")
 
 
 def _models_page(ui: Ui, fleet: Fleet, api: httpx.Client) -> None:

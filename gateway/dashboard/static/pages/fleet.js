@@ -1,16 +1,15 @@
 // Fleet: the cities of edge_nodes/*.yaml on a world map and as cards, from `ai/fleet` every
-// 2 s. Each city's marker and card are built once and updated in place, so an open capacity
-// list or keyboard focus survives the refresh.
+// 2 s, and what each may host (fleet-capacity.js). Each city's marker and card are built once
+// and updated in place, so keyboard focus survives the refresh.
 
 import {errorBox, fmt, h, pageHead, poll, replace} from '../dom.js';
+import {VERDICT_TEXT, capacityTable} from './fleet-capacity.js';
 
 const POLL_MS = 2000;
 // The map is equirectangular: x = lon + 180, y = 90 - lat. Cropped to 84°N..58°S, where
 // the land (and every plausible edge city) is.
 const VIEW = {top: 6, height: 148};
 const STATUS_TEXT = {ok: 'ok', degraded: 'degraded', starting: 'starting', offline: 'offline'};
-const VERDICT_TEXT = {loaded: 'loaded', fits: 'fits', too_big: 'too big',
-                      planning_only: 'planning only'};
 
 const project = (lon, lat) => [lon + 180, 90 - lat];
 
@@ -108,11 +107,13 @@ function card(city) {
     acc.memory_gib ? ` (${acc.memory_gib} GiB)` : '',
     ` · budget ${fmt.bytes(city.memory_budget_bytes)}`);
   const models = h('div', {class: 'chips', 'aria-label': 'Loaded models'});
-  const summary = h('summary', {}, 'Capacity');
-  const hostRows = h('tbody');
-  const capacity = h('details', {class: 'capacity'}, summary,
-    h('table', {}, h('thead', {}, h('tr', {}, h('th', {}, 'Model'), h('th', {}, 'Verdict'),
-      h('th', {class: 'num'}, 'Needs'))), hostRows));
+  const summary = h('a', {class: 'small', href: '#/fleet', 'data-testid': `city-${code}-capacity`,
+                          onclick: (e) => {
+                            // A hash link would re-route; scroll to the table instead.
+                            e.preventDefault();
+                            document.getElementById('capacity-title')
+                              ?.scrollIntoView({behavior: 'smooth', block: 'start'});
+                          }});
   const el = h('article', {class: 'card city-card', id: `city-card-${code}`,
                            'data-testid': `city-${code}`, 'data-kind': 'row',
                            'aria-labelledby': `city-name-${code}`},
@@ -123,7 +124,7 @@ function card(city) {
     h('dl', {class: 'stats'}, running.el, waiting.el, beat.el),
     kv,
     h('div', {}, h('h3', {class: 'small muted'}, 'Loaded models'), models),
-    capacity);
+    summary);
   return {
     el,
     update(c) {
@@ -147,10 +148,6 @@ function card(city) {
       for (const host of hosts) counts[host.verdict] = (counts[host.verdict] || 0) + 1;
       replace(summary, 'Capacity: ', Object.entries(VERDICT_TEXT)
         .filter(([key]) => counts[key]).map(([key, text]) => `${counts[key]} ${text}`).join(', ') || 'no verdicts');
-      replace(hostRows, hosts.map((host) => h('tr', {},
-        h('td', {class: 'mono'}, host.model),
-        h('td', {}, h('span', {class: `badge verdict-${host.verdict}`}, VERDICT_TEXT[host.verdict] || host.verdict)),
-        h('td', {class: 'num'}, fmt.bytes(host.need_bytes)))));
     },
   };
 }
@@ -161,6 +158,7 @@ export function mount(section, {api}) {
   const map = baseMap();
   const markers = map.querySelector('.markers');
   const cards = h('div', {class: 'grid'});
+  const capacity = capacityTable();
   const counts = h('p', {class: 'small', 'aria-live': 'polite'});
   const legend = h('div', {class: 'legend', 'aria-hidden': 'true'},
     Object.keys(STATUS_TEXT).map((s) => h('span', {class: `status status-${s}`}, s)),
@@ -169,7 +167,8 @@ export function mount(section, {api}) {
     pageHead('fleet', 'Fleet', 'Edge cities, their health and load, live every 2 seconds.', updated),
     error.el,
     h('div', {class: 'card'}, map, h('div', {class: 'row', style: 'justify-content:space-between;margin-top:.5rem'}, counts, legend)),
-    cards);
+    cards,
+    capacity.el);
 
   const views = new Map();
   const select = (code) => {
@@ -195,6 +194,7 @@ export function mount(section, {api}) {
         views.get(city.code).marker.update(city);
         views.get(city.code).card.update(city);
       }
+      capacity.update(fleet.cities || []);
       const by = {};
       for (const city of fleet.cities || []) by[city.status] = (by[city.status] || 0) + 1;
       counts.textContent = `${(fleet.cities || []).length} cities: ` +

@@ -10,26 +10,19 @@ const VERDICT_TEXT = {loaded: 'loaded', fits: 'fits', too_big: 'too big',
 const propsOf = (model) => Object.fromEntries((model.properties || [])
   .map((p) => [p.property_id, p.value]));
 
-// The search answer states no size tier today; the memory a model needs (the fleet's
-// capacity verdicts carry it) puts it in one, with the catalog's tier names.
-function sizeTier(props, needBytes) {
-  if (props.size_tier) return props.size_tier;
-  if (!needBytes) return 'unknown';
-  const gib = needBytes / 2 ** 30;
-  return gib < 4 ? 'small' : gib < 64 ? 'medium' : gib < 400 ? 'large' : 'huge';
-}
-
+// A miniature runs here too, but as a small model of the real architecture: its property
+// says what of it is synthetic.
 function kindOf(props) {
-  if (props.miniature === 'true') return 'miniature';
+  if (props.miniature) return 'miniature';
   return props.planning_only === 'true' ? 'planning only' : 'runs here';
 }
 
-function describe(model, needBytes) {
+function describe(model) {
   const props = propsOf(model);
   return {
     model, props,
     task: model.task?.name || 'unknown',
-    size: sizeTier(props, needBytes),
+    size: props.size_tier || 'unknown',
     precision: props.weight_precision || props.weight_codec || 'unknown',
     kind: kindOf(props),
     text: `${model.name}\n${model.description}`.toLowerCase(),
@@ -65,7 +58,7 @@ function row(info, api, whereLoaded) {
         h('span', {class: 'badge badge-muted'}, info.task),
         h('span', {class: 'badge badge-muted', title: 'size tier'}, info.size),
         h('span', {class: 'badge badge-muted', title: 'weight precision / codec'}, info.precision),
-        h('span', {class: `badge ${info.kind === 'runs here' ? 'verdict-loaded' : 'verdict-planning_only'}`},
+        h('span', {class: `badge ${info.kind === 'planning only' ? 'verdict-planning_only' : 'verdict-loaded'}`},
           info.kind)),
       h('span', {class: 'muted small'}, model.description),
       loadedIn),
@@ -124,7 +117,6 @@ export function mount(section, {api}) {
     const host = (city.hosts || []).find((x) => x.model === id);
     return host ? {...host, code: city.code, name: city.name, status: city.status} : null;
   }).filter(Boolean);
-  const needOf = (id) => whereLoaded(id)[0]?.need_bytes;
   const selects = [];
 
   function apply() {
@@ -148,9 +140,9 @@ export function mount(section, {api}) {
         fleet = []; // the catalog still lists without the fleet
       }
       const models = await api.get('ai/models/search', {per_page: 100});
-      const infos = models.map((m) => describe(m, needOf(m.name)));
+      const infos = models.map((m) => describe(m));
       for (const [key, label] of [['task', 'Task'], ['size', 'Size tier'],
-        ['precision', 'Precision / codec'], ['kind', 'Runs here / stand-in']]) {
+        ['precision', 'Precision / codec'], ['kind', 'Runs here as']]) {
         const s = select(label, `model-filter-${key}`, infos.map((i) => i[key]));
         s.el.setAttribute('data-testid', `model-filter-${key}`);
         s.el.addEventListener('change', apply);
