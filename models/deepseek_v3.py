@@ -31,7 +31,7 @@ from edgefire.models.mla import (
     YarnScaling,
 )
 from edgefire.models.moe import Experts, MoE, RouterSpec, SwiGLU
-from edgefire.models.precision import dense_precision
+from edgefire.models.precision import dense_precision, layered_bytes
 
 
 @dataclass(slots=True, frozen=True)
@@ -189,12 +189,7 @@ class DeepseekV3ForCausalLM:
 
     @property
     def weight_bytes(self) -> int:
-        seen: dict[int, int] = {}  # tied or shared storages (the float32 routers) count once
-        for w in self.params.values():
-            for t in [w.embed, w.final_norm, w.lm_head, *(
-                    t for layer in w.layers for t in layer.tensors())]:
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return sum(seen.values())
+        return layered_bytes(self.params.values())
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         # No head axis and no K/V pair: one latent row per token (models/mla.py).

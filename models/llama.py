@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
-from edgefire.models.precision import dense_precision
+from edgefire.models.precision import dense_precision, per_dtype, storage_bytes
 from edgefire.models.rotary import RotaryEmbedding
 from edgefire.models.row_buckets import blocked_linear, dense_linear
 
@@ -109,7 +109,27 @@ class LlamaWeights:
         return cls(embed, weights["final_norm"].to(dtype), lm_head, layers, rotary.to(dtype))
 
 
-class LlamaForCausalLM:
+class PagedGQADecoder:
+    """What a grouped-query decoder over the paged cache keeps beside its weights (Llama and
+    Llama 4): the compute dtypes, the attention backend and the K/V page layout."""
+
+    config: LlamaConfig  # or a config with the same attention fields (Llama4Config)
+
+    def _paged_gqa(self, c, dtypes: tuple[torch.dtype, ...], kv_dtype: torch.dtype | None,
+                   attention: AttentionBackend | None) -> None:
+        self.dtypes = dtypes
+        self.kv_dtype = kv_dtype or dtypes[0]
+        self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+        self.weight_precision = dense_precision(dtypes)
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        c = self.config
+        return (c.num_layers, 2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+
+
+class LlamaForCausalLM(PagedGQADecoder):
     """Forward pass over a packed batch of tokens; K/V live in a paged cache owned by the runner.
 
     Weights may be held in several compute dtypes (float32 and bfloat16 on CPU): the caller picks
@@ -124,15 +144,9 @@ class LlamaForCausalLM:
         cache's memory-mapped tensors, which build() then keeps as they are: `.to` is a no-op)."""
         self.config = config
         c = config
-        per_dtype = (weights if isinstance(next(iter(weights)), torch.dtype)
-                     else dict.fromkeys(dtypes, weights))
-        self.params = {dtype: LlamaWeights.build(c, per_dtype[dtype], dtype) for dtype in dtypes}
-        self.dtypes = dtypes
-        self.kv_dtype = kv_dtype or dtypes[0]
-        self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
-        self.q_size = c.num_heads * c.head_dim
-        self.kv_size = c.num_kv_heads * c.head_dim
-        self.weight_precision = dense_precision(dtypes)
+        held = per_dtype(weights, dtypes)
+        self.params = {dtype: LlamaWeights.build(c, held[dtype], dtype) for dtype in dtypes}
+        self._paged_gqa(c, dtypes, kv_dtype, attention)
 
     def make_resident(self, to_resident: Callable[[torch.Tensor], ResidentLinear],
                       precision: str, embeddings: bool = False) -> None:
@@ -156,18 +170,12 @@ class LlamaForCausalLM:
 
     @property
     def weight_bytes(self) -> int:
-        seen: dict[int, int] = {}  # tied lm_head and embed share storage: count it once
-        for w in self.params.values():
-            held = [w.embed, w.final_norm, w.lm_head]
-            held += [getattr(layer, f) for layer in w.layers for f in LlamaLayer.__slots__]
-            for item in held:
-                for t in (item,) if isinstance(item, torch.Tensor) else item.tensors():
-                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return sum(seen.values())
-
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        c = self.config
-        return (c.num_layers, 2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+        held = [item for w in self.params.values() for item in (
+            w.embed, w.final_norm, w.lm_head,
+            *(getattr(layer, f) for layer in w.layers for f in LlamaLayer.__slots__))]
+        return storage_bytes(t for item in held
+                             for t in ((item,) if isinstance(item, torch.Tensor)
+                                       else item.tensors()))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

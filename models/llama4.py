@@ -28,10 +28,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from edgefire.models.attention import AttentionBackend, AttentionMetadata
 from edgefire.models.attention.chunked import chunked_local_view
+from edgefire.models.llama import PagedGQADecoder
 from edgefire.models.moe import Experts, MoE, RouterSpec, SwiGLU
-from edgefire.models.precision import dense_precision
+from edgefire.models.precision import layered_bytes, per_dtype
 from edgefire.models.rotary import InterleavedRotaryEmbedding, llama3_scaled, rope_inv_freq
 from edgefire.models.row_buckets import blocked_linear, dense_linear
 
@@ -150,7 +151,7 @@ def _linear_for(row_block: int | None) -> Callable[[torch.Tensor, torch.Tensor],
     return lambda x, w: blocked_linear(x, lambda b: F.linear(b, w), row_block)
 
 
-class Llama4ForCausalLM:
+class Llama4ForCausalLM(PagedGQADecoder):
     """Forward pass over a packed batch of tokens; K/V live in a paged cache owned by the runner.
 
     Weights may be held in several compute dtypes, picked per step, as models/llama.py does.
@@ -163,29 +164,13 @@ class Llama4ForCausalLM:
         """weights: one dict cast to each dtype, or one dict per dtype already in it."""
         c = config
         self.config = config
-        per_dtype = (weights if isinstance(next(iter(weights)), torch.dtype)
-                     else dict.fromkeys(dtypes, weights))
-        self.params = {dtype: Llama4Weights.build(c, per_dtype[dtype], dtype) for dtype in dtypes}
-        self.dtypes = dtypes
-        self.kv_dtype = kv_dtype or dtypes[0]
-        self.attention = attention or TorchPagedAttention(c.num_heads, c.num_kv_heads, c.head_dim)
-        self.q_size = c.num_heads * c.head_dim
-        self.kv_size = c.num_kv_heads * c.head_dim
-        self.weight_precision = dense_precision(dtypes)
+        held = per_dtype(weights, dtypes)
+        self.params = {dtype: Llama4Weights.build(c, held[dtype], dtype) for dtype in dtypes}
+        self._paged_gqa(c, dtypes, kv_dtype, attention)
 
     @property
     def weight_bytes(self) -> int:
-        seen: dict[int, int] = {}  # tied or shared (upcycled) tensors count once
-        for w in self.params.values():
-            held = [w.embed, w.final_norm, w.lm_head]
-            held += [t for layer in w.layers for t in layer.tensors()]
-            for t in held:
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return sum(seen.values())
-
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        c = self.config
-        return (c.num_layers, 2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+        return layered_bytes(self.params.values())
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import math
+from typing import Self
 
 import torch
 
 
-class RotaryEmbedding:
+class _RotaryTable:
+    """cos/sin per position, cast to the compute dtype once, gathered per step."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def to(self, dtype: torch.dtype) -> Self:
+        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+        return self
+
+    def _at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables' rows for positions, broadcastable over [tokens, heads, dim]."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+
+class RotaryEmbedding(_RotaryTable):
     def __init__(self, head_dim: int, max_positions: int, base: float) -> None:
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (base**exponents)
+        inv_freq = rope_inv_freq(head_dim, base)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos()
         self.sin = emb.sin()
         self.half = head_dim // 2
 
-    def to(self, dtype: torch.dtype) -> RotaryEmbedding:
-        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
-        return self
-
     def __call__(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
         """Rotate each [tokens, heads, head_dim] tensor by its token's position."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+        cos, sin = self._at(positions)
         out = []
         for x in xs:
             rotated = torch.cat((-x[..., self.half:], x[..., : self.half]), dim=-1)
@@ -52,7 +62,7 @@ def llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
     return torch.where(medium, blended, scaled)
 
 
-class InterleavedRotaryEmbedding:
+class InterleavedRotaryEmbedding(_RotaryTable):
     """Rotary embedding on adjacent pairs (x[2i], x[2i+1]): Meta's Llama 4 layout (HF Llama4
     applies it as a complex product), and the layout llama.cpp's GGUF Q/K rows are in."""
 
@@ -60,14 +70,9 @@ class InterleavedRotaryEmbedding:
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.cos, self.sin = freqs.cos(), freqs.sin()
 
-    def to(self, dtype: torch.dtype) -> InterleavedRotaryEmbedding:
-        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
-        return self
-
     def __call__(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
         """Rotate each [tokens, heads, head_dim] tensor by its token's position."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+        cos, sin = self._at(positions)
         out = []
         for x in xs:
             pairs = x.unflatten(-1, (-1, 2))
