@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -12,9 +13,17 @@ from contextlib import AbstractContextManager
 
 import pytest
 import redis
+import torch
 import uvicorn
 
 from tests.redis_support import REDIS_URL
+
+# Without a GPU, Triton kernels run in its interpreter, which TRITON_INTERPRET=1 selects only if
+# it is set before triton is first imported: here, before any test module is collected, since
+# some import it on the way (transformers' Llama 4 classes do). tests/test_unweight_triton.py
+# checks that it took.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

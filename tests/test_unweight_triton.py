@@ -2,7 +2,7 @@
 
 Without a GPU the kernels run in triton's interpreter. `triton.jit` chooses it when a function
 is decorated, triton's own `tl.*` helpers included, so TRITON_INTERPRET=1 must be set before
-triton is first imported: here, at collection, ahead of the import below.
+triton is first imported: tests/conftest.py sets it before any test module is collected.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 pytest.importorskip("triton")
 
 from edgefire.plugins.unweight import triton_matmul  # noqa: E402
