@@ -41,6 +41,7 @@ SHOTS_ENV = "EDGEFIRE_SCREENSHOTS"
 CHROMIUM = Path("/usr/bin/chromium")
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 MINILM = "@cf/sentence-transformers/all-minilm-l6-v2"  # catalog.yaml: 384 dimensions
+KIMI = "@cf/moonshotai/kimi-k2.5"  # a miniature here
 PAGES = ("fleet", "models", "gateway", "charts", "playground")
 CHARTS = ("requests", "tokens", "ttft", "itl", "cache", "errors")
 WAIT_MS = 30_000  # a shared 2-core CI machine runs the fleet and the browser side by side
@@ -232,7 +233,7 @@ def _is_inference(response) -> bool:
 
 
 @keeps_evidence
-def test_playground_streams_a_smollm2_answer_from_fra_and_shows_an_embedding_shape(
+def test_playground_streams_answers_says_when_a_miniature_answered_and_shows_a_shape(
         fleet: Fleet, ui: Ui) -> None:
     open_dashboard(ui, fleet.gateway_url, "playground")
     page = ui.page
@@ -258,7 +259,17 @@ def test_playground_streams_a_smollm2_answer_from_fra_and_shows_an_embedding_sha
     assert len(grew) >= 4 and grew == sorted(grew), lengths
     assert grew[-1] > 0 and lengths[-1][0] > lengths[1][0], lengths
     assert ui.by_id("pg-output").inner_text().strip()
+    expect(ui.by_id("pg-miniature")).to_be_hidden()  # SmolLM2 is itself
     screenshot(ui, "playground-chat")
+
+    # Kimi K2.5 is answered by its miniature, and the page says what of it is synthetic.
+    choose(ui.by_id("pg-model"), KIMI)
+    ui.by_id("pg-input").fill("Hi")
+    with page.expect_response(_is_inference) as answered:
+        ui.by_id("pg-send").click()
+    assert answered.value.status == 200, (answered.value.url, answered.value.status)
+    expect(ui.by_id("pg-send")).to_be_enabled(timeout=IDLE_MS)
+    expect(ui.by_id("pg-miniature")).to_contain_text("miniature: num_layers 4 of 61")
 
     choose(ui.by_id("pg-model"), MINILM)
     ui.by_id("pg-input").fill("edge inference in Frankfurt")

@@ -43,10 +43,13 @@ export function mount(section, {api}) {
   const standIn = stat('Stand-in', 'pg-stand-in');
   const shape = stat('Shape', 'pg-shape');
   standIn.el.hidden = true;
+  // A miniature answers for a model too big for this machine: its header says what is synthetic.
+  const miniature = h('p', {class: 'small muted', 'data-testid': 'pg-miniature', hidden: true});
   const form = h('form', {class: 'card', style: 'display:grid;gap:.6rem'},
     h('div', {class: 'row', style: 'justify-content:space-between'},
       h('h2', {}, 'Conversation'), h('div', {class: 'meta', role: 'status'},
         node.el, tps.el, ttft.el, tokens.el, shape.el, standIn.el)),
+    miniature,
     output,
     h('label', {for: 'pg-input'}, 'Message'), input, hint,
     h('div', {class: 'row'}, send, stopButton, clear));
@@ -87,6 +90,9 @@ export function mount(section, {api}) {
     const standing = response.headers.get('x-edgefire-stand-in');
     standIn.value.textContent = standing || '–';
     standIn.el.hidden = !standing;
+    const small = response.headers.get('x-edgefire-miniature');
+    miniature.textContent = small ? `Answered by a ${small}` : '';
+    miniature.hidden = !small;
   }
 
   async function chat(text) {
