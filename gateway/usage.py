@@ -17,6 +17,10 @@ class Tokens:
 
 def tokens_from_json(body: bytes) -> Tokens:
     """Usage of a Workers AI envelope (`result.usage`) or an OpenAI body (`usage`)."""
+    # Every answer is counted (the gateway's metrics), not only logged ones: a body without a
+    # usage key (an embedding's vectors) is not parsed for nothing.
+    if b'"usage"' not in body:
+        return Tokens()
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):

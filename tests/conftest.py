@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -14,8 +10,8 @@ from contextlib import AbstractContextManager
 import pytest
 import redis
 import torch
-import uvicorn
 
+from edgefire.testing.fleet import free_port, served
 from tests.redis_support import REDIS_URL
 
 # Without a GPU, Triton kernels run in its interpreter, which TRITON_INTERPRET=1 selects only if
@@ -35,29 +31,8 @@ def _private_warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         yield
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _running(app, port: int | None = None) -> Iterator[str]:
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+def _running(app, port: int | None = None) -> AbstractContextManager[str]:
+    return served(app, port or free_port())
 
 
 @pytest.fixture(scope="session")

@@ -71,14 +71,16 @@ class Fleet:
             self.warm.add(model)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
-def _served(app: object, port: int) -> Iterator[str]:
+def served(app: object, port: int) -> Iterator[str]:
+    """app (ASGI) served by uvicorn in a thread on 127.0.0.1:port until the block ends."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
@@ -108,7 +110,7 @@ def in_process_fleet(record_dir: Path | None = None, replay_dir: Path | None = N
     from edgefire.gateway.settings import GatewaySettings
     from edgefire.gateway.state import GatewayState
 
-    port, secret = _free_port(), secrets.token_urlsafe(24)
+    port, secret = free_port(), secrets.token_urlsafe(24)
     overrides: dict = {"gateway_config": None, "redis_url": None, "node_secret": secret,
                        "heartbeat_timeout_s": 5.0}
     if record_dir is not None:
@@ -125,7 +127,7 @@ def in_process_fleet(record_dir: Path | None = None, replay_dir: Path | None = N
     state.accounts.create_account("edgefire tests", TEST_ACCOUNT)
     _, token = state.accounts.create_token(TEST_ACCOUNT, "pytest")
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(_served(create_app(state), port))
+        url = stack.enter_context(served(create_app(state), port))
         node_url = None
         if settings.replay_dir is None:
             node_url = stack.enter_context(_node(url, secret))
@@ -146,8 +148,8 @@ def _node(gateway_url: str, secret: str) -> Iterator[str]:
     from edgefire.runtime.node.settings import NodeSettings
     from edgefire.runtime.server.app import create_app
 
-    port = _free_port()
+    port = free_port()
     settings = NodeSettings(gateway_url=gateway_url, public_url=f"http://127.0.0.1:{port}",
                             node_secret=secret, heartbeat_interval_s=0.5)
-    with _served(create_app(EdgeNode(load_city(CITY), settings)), port) as url:
+    with served(create_app(EdgeNode(load_city(CITY), settings)), port) as url:
         yield url
