@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode
 from edgefire.models.precision import dense_precision, per_dtype, storage_bytes
 from edgefire.models.rotary import RotaryEmbedding
 from edgefire.models.row_buckets import blocked_linear, dense_linear
@@ -147,6 +148,18 @@ class LlamaForCausalLM(PagedGQADecoder):
         held = per_dtype(weights, dtypes)
         self.params = {dtype: LlamaWeights.build(c, held[dtype], dtype) for dtype in dtypes}
         self._paged_gqa(c, dtypes, kv_dtype, attention)
+        # Small BF16 decode steps run as one native call (models/fused) where the weights and
+        # the CPU allow it; benches turn it off to measure the torch path beside it.
+        self.fused_decode = True
+        self._fused: FusedLlamaDecode | None = None
+        self._fused_built = False
+
+    def _fused_step(self) -> FusedLlamaDecode | None:
+        if not self._fused_built:
+            self._fused_built = True
+            bf16 = self.params.get(torch.bfloat16)
+            self._fused = None if bf16 is None else FusedLlamaDecode.build(self.config, bf16)
+        return self._fused if self.fused_decode else None
 
     def make_resident(self, to_resident: Callable[[torch.Tensor], ResidentLinear],
                       precision: str, embeddings: bool = False) -> None:
@@ -167,6 +180,7 @@ class LlamaForCausalLM(PagedGQADecoder):
             for w in self.params.values():
                 w.embed, w.lm_head = embed, lm_head
         self.weight_precision = precision
+        self._fused, self._fused_built = None, False  # built again over the new forms
 
     @property
     def weight_bytes(self) -> int:
@@ -186,6 +200,10 @@ class LlamaForCausalLM(PagedGQADecoder):
         """
         c = self.config
         dtype = dtype or self.dtypes[0]
+        fused = self._fused_step()
+        if fused is not None and fused.takes(input_ids.shape[0], meta, kv_cache, dtype,
+                                             row_block):
+            return fused.forward(input_ids, positions, meta, kv_cache)
         w = self.params[dtype]
         eps = c.rms_norm_eps
         h = (F.embedding(input_ids, w.embed) if isinstance(w.embed, torch.Tensor)
@@ -208,6 +226,10 @@ class LlamaForCausalLM(PagedGQADecoder):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, row_block: int | None = None) -> torch.Tensor:
         """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
+        fused = self._fused_step()
+        if (fused is not None and hidden.dtype == torch.bfloat16 and row_block is None
+                and 0 < hidden.shape[0] <= MAX_ROWS):
+            return fused.logits(hidden)
         return _linear(hidden, self.params[hidden.dtype].lm_head, row_block).float()
 
 

@@ -1,7 +1,8 @@
 """This project's small C++ extensions: declared by the modules that use them, built once at
 setup (`edgefire build-kernels`, which `make run`/`make test` run) or else on first use.
 
-Each build is named by a digest of its source's path and text, the flags and torch's version,
+Each build is named by a digest of its source's path and text (and of the headers it includes
+with quotes), the flags and torch's version,
 so two checkouts on one machine (a CI clone beside a working copy) keep separate builds
 instead of rebuilding each other's on every switch, and an edited kernel never loads stale.
 """
@@ -12,7 +13,8 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -55,10 +57,27 @@ def build_name(name: str, source: Path) -> str:
     import torch
 
     digest = hashlib.sha256()
-    for part in (str(source.resolve()).encode(), source.read_bytes(), " ".join(_FLAGS).encode(),
+    for part in (str(source.resolve()).encode(), *_texts(source), " ".join(_FLAGS).encode(),
                  torch.__version__.encode()):
         digest.update(len(part).to_bytes(8, "big") + part)
     return f"{name}_{digest.hexdigest()[:12]}"
+
+
+_LOCAL_INCLUDE = re.compile(rb'^#include "([^"]+)"', re.MULTILINE)
+
+
+def _texts(source: Path, seen: set[Path] | None = None) -> Iterator[bytes]:
+    """The source's text, then each header it includes with quotes (this project's own), once
+    each: an edited header must rebuild every kernel that uses it."""
+    seen = set() if seen is None else seen
+    source = source.resolve()
+    if source in seen:
+        return
+    seen.add(source)
+    text = source.read_bytes()
+    yield text
+    for name in _LOCAL_INCLUDE.findall(text):
+        yield from _texts(source.parent / name.decode(), seen)
 
 
 def _fallback_notice(name: str, exc: Exception) -> None:

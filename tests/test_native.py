@@ -21,10 +21,20 @@ def test_build_names_differ_by_checkout_and_by_source(tmp_path):
     assert before.startswith("k_")
 
 
+def test_an_edited_header_changes_the_build_name(tmp_path):
+    source, header = tmp_path / "k.cpp", tmp_path / "inc" / "k.h"
+    header.parent.mkdir()
+    source.write_text('#include <vector>\n#include "inc/k.h"\nint f() { return g(); }\n')
+    header.write_text("inline int g() { return 1; }\n")
+    before = build_name("k", source)
+    header.write_text("inline int g() { return 2; }\n")
+    assert build_name("k", source) != before
+
+
 def test_build_kernels_prebuilds_every_declared_kernel():
     done = subprocess.run([sys.executable, "-m", "edgefire.runtime.cli", "build-kernels"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    for name in ("edgefire_paged_decode", "edgefire_unweight_decode",
+    for name in ("edgefire_paged_decode", "edgefire_fused_decode", "edgefire_unweight_decode",
                  "edgefire_unweight_resident"):
         assert f"native kernel {name} ... ready" in done.stdout

@@ -1,0 +1,161 @@
+// Paged decode attention for CPU: one query token per sequence, K/V read straight from the
+// block pool (no gather copy), each K/V row loaded once for all query heads of its group.
+// Shared by the attention extension (cpu_paged_decode.cpp) and the fused decode step
+// (models/fused/llama_decode.cpp).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace edgefire::attention {
+
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  // bfloat16 is the top half of a float32: widen to 32 bits and shift into place.
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// scores[g] = scale * <q_g, k> for the `group` queries sharing this K row.
+template <typename T>
+inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_dim, float scale,
+                      float* scores, int64_t stride) {
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += kLanes)
+      acc = _mm512_fmadd_ps(load16(q + g * head_dim + d), load16(k + d), acc);
+    scores[g * stride] = _mm512_reduce_add_ps(acc) * scale;
+  }
+}
+
+// exp over n floats in place, returning their sum; Cody-Waite reduction x = k ln2 + r and a
+// degree-6 polynomial for 2^f (relative error ~1e-7, float32 rounding level).
+inline float exp_sum(float* x, int64_t n, float shift) {
+  const __m512 log2e = _mm512_set1_ps(1.44269504f), lo = _mm512_set1_ps(-87.f);
+  const __m512 c1 = _mm512_set1_ps(0.69314718f), c2 = _mm512_set1_ps(0.24022652f);
+  const __m512 c3 = _mm512_set1_ps(0.05550411f), c4 = _mm512_set1_ps(0.00961813f);
+  const __m512 c5 = _mm512_set1_ps(0.00133336f), c6 = _mm512_set1_ps(0.00015404f);
+  const __m512 one = _mm512_set1_ps(1.f), m = _mm512_set1_ps(shift);
+  __m512 total = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), lo);
+    const __m512 t = _mm512_mul_ps(v, log2e);
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, k);
+    __m512 p = _mm512_fmadd_ps(c6, f, c5);
+    p = _mm512_fmadd_ps(p, f, c4);
+    p = _mm512_fmadd_ps(p, f, c3);
+    p = _mm512_fmadd_ps(p, f, c2);
+    p = _mm512_fmadd_ps(p, f, c1);
+    p = _mm512_fmadd_ps(p, f, one);
+    const __m512 e = _mm512_scalef_ps(p, k);
+    _mm512_storeu_ps(x + i, e);
+    total = _mm512_add_ps(total, e);
+  }
+  float sum = _mm512_reduce_add_ps(total);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+// acc_g += p_g * v for each query of the group.
+template <typename T>
+inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_dim, float* acc,
+                       int64_t stride) {
+  for (int64_t d = 0; d < head_dim; d += kLanes) {
+    const __m512 vv = load16(v + d);
+    for (int64_t g = 0; g < group; ++g) {
+      float* a = acc + g * head_dim + d;
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(p[g * stride]), vv, _mm512_loadu_ps(a)));
+    }
+  }
+}
+#else
+constexpr int64_t kLanes = 1;
+
+inline float exp_sum(float* x, int64_t n, float shift) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+template <typename T>
+inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_dim, float scale,
+                      float* scores, int64_t stride) {
+  for (int64_t g = 0; g < group; ++g) {
+    float acc = 0.f;
+    for (int64_t d = 0; d < head_dim; ++d) acc += q[g * head_dim + d] * static_cast<float>(k[d]);
+    scores[g * stride] = acc * scale;
+  }
+}
+
+template <typename T>
+inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_dim, float* acc,
+                       int64_t stride) {
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < head_dim; ++d)
+      acc[g * head_dim + d] += p[g * stride] * static_cast<float>(v[d]);
+}
+#endif
+
+template <typename T>
+inline void decode_kernel(const float* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                   const int64_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, int64_t head_dim,
+                   int64_t max_blocks, float scale) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t head_stride = num_blocks * block_size * head_dim;  // per KV head in the pool
+  const int64_t block_stride = block_size * head_dim;
+  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(group * head_dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / num_kv_heads, h = task % num_kv_heads;
+      const int64_t len = context_lens[s];
+      const int64_t* table = tables + s * max_blocks;
+      const float* qs = q + (s * num_heads + h * group) * head_dim;
+      const T* kh = k_cache + h * head_stride;
+      const T* vh = v_cache + h * head_stride;
+      scores.resize(group * len);
+      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const T* kb = kh + table[t0 / block_size] * block_stride;
+        const int64_t n = std::min(block_size, len - t0);
+        for (int64_t i = 0; i < n; ++i)
+          dot_group(qs, kb + i * head_dim, group, head_dim, scale, scores.data() + t0 + i, len);
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * len;
+        const float m = *std::max_element(sg, sg + len);
+        const float inv = 1.f / exp_sum(sg, len, m);
+        for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const T* vb = vh + table[t0 / block_size] * block_stride;
+        const int64_t n = std::min(block_size, len - t0);
+        for (int64_t i = 0; i < n; ++i)
+          axpy_group(scores.data() + t0 + i, vb + i * head_dim, group, head_dim, acc.data(), len);
+      }
+      std::copy(acc.begin(), acc.end(), out + (s * num_heads + h * group) * head_dim);
+    }
+  });
+}
+
+}  // namespace edgefire::attention

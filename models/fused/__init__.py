@@ -1,0 +1,5 @@
+"""Native fused decode steps: a whole decode step's layers in one call (llama_decode.cpp)."""
+
+from edgefire.models.fused.llama_decode import MAX_ROWS, FusedLlamaDecode, fused_kernels
+
+__all__ = ["MAX_ROWS", "FusedLlamaDecode", "fused_kernels"]

@@ -1,0 +1,203 @@
+// A whole Llama decode step in one native call: for a few sequences that each add one token,
+// every layer's RMSNorm, QKV projection, rotary embedding, K/V write into the paged cache,
+// paged attention, output projection, residual, RMSNorm, gate/up projection, SiLU * up and
+// down projection, without returning to Python between them.
+//
+// Why: at one token a step's 30 layers are ~420 small torch operators, and their dispatch
+// cost as much as the weight reads they surround (README, "Performance"). Here the neighbours
+// of each matmul (norms, rotary, K/V write, activation, residual) are plain loops over a few
+// rows, and the matmuls are gemv_bf16.h's. The residual stream is kept in float32 between
+// layers; the projections' inputs are rounded to BF16, as the BF16 weights require.
+#include <torch/extension.h>
+
+#include <cmath>
+#include <vector>
+
+#include "../attention/paged_decode.h"
+#include "gemv_bf16.h"
+
+namespace {
+
+using bf16 = c10::BFloat16;
+using edgefire::fused::gemv_bf16;
+
+const uint16_t* bits(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>());
+}
+
+void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, const char* name) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2 &&
+                  w.size(0) == rows && w.size(1) == cols,
+              name, ": expected a contiguous bfloat16 [", rows, ", ", cols, "] weight");
+}
+
+// out = bf16(x / rms(x) * weight), per row.
+void rms_norm(const float* x, const bf16* weight, int64_t rows, int64_t n, float eps, bf16* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    double sq = 0.0;
+    for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.f / std::sqrt(static_cast<float>(sq / n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[r * n + i] = bf16(xr[i] * inv * static_cast<float>(weight[i]));
+  }
+}
+
+// Rotate-half rotary embedding of one head in place (HF Llama's layout).
+void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+class LlamaDecode {
+ public:
+  LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, torch::Tensor embed,
+              std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> qkv,
+              std::vector<torch::Tensor> o, std::vector<torch::Tensor> mlp_norm,
+              std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
+              torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
+        hidden_(embed.size(1)), inter_(gate_up.at(0).size(0) / 2), embed_(embed),
+        attn_norm_(std::move(attn_norm)), qkv_(std::move(qkv)), o_(std::move(o)),
+        mlp_norm_(std::move(mlp_norm)), gate_up_(std::move(gate_up)), down_(std::move(down)),
+        final_norm_(final_norm), cos_(cos), sin_(sin) {
+    const int64_t layers = static_cast<int64_t>(qkv_.size()), q = heads * head_dim;
+    const int64_t kv = kv_heads * head_dim;
+    TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
+                "hidden and intermediate sizes must be multiples of 32");
+    TORCH_CHECK(head_dim % edgefire::attention::kLanes == 0, "head_dim: a multiple of 16");
+    check_weight(embed, embed.size(0), hidden_, "embed");
+    TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
+                    cos.size(1) == head_dim && sin.sizes() == cos.sizes(),
+                "rotary tables: contiguous float32 [positions, head_dim]");
+    for (int64_t l = 0; l < layers; ++l) {
+      check_weight(qkv_[l], q + 2 * kv, hidden_, "qkv");
+      check_weight(o_[l], hidden_, q, "o");
+      check_weight(gate_up_[l], 2 * inter_, hidden_, "gate_up");
+      check_weight(down_[l], hidden_, inter_, "down");
+      for (const auto* norm : {&attn_norm_[l], &mlp_norm_[l]})
+        TORCH_CHECK(norm->scalar_type() == torch::kBFloat16 && norm->numel() == hidden_, "norm");
+    }
+  }
+
+  // ids, positions, slots [m] int64; tables [m, max_blocks] int64; lens [m] int64 (the new
+  // token included); kv_cache [layers, 2, kv_heads, blocks, block_size, head_dim] bfloat16.
+  // Returns the final-normed hidden states [m, hidden] bfloat16.
+  torch::Tensor forward(torch::Tensor ids, torch::Tensor positions, torch::Tensor slots,
+                        torch::Tensor tables, torch::Tensor lens, torch::Tensor kv_cache) {
+    const int64_t m = ids.numel(), layers = static_cast<int64_t>(qkv_.size());
+    const int64_t hd = head_dim_, q_size = heads_ * hd, kv_size = kv_heads_ * hd;
+    const int64_t qkv_size = q_size + 2 * kv_size;
+    for (const auto* t : {&ids, &positions, &slots, &lens})
+      TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->numel() == m,
+                  "ids, positions, slots and lens: contiguous int64 [m]");
+    TORCH_CHECK(tables.scalar_type() == torch::kInt64 && tables.is_contiguous() &&
+                    tables.dim() == 2 && tables.size(0) == m, "tables: int64 [m, max_blocks]");
+    TORCH_CHECK(kv_cache.scalar_type() == torch::kBFloat16 && kv_cache.is_contiguous() &&
+                    kv_cache.dim() == 6 && kv_cache.size(0) == layers &&
+                    kv_cache.size(2) == kv_heads_ && kv_cache.size(5) == hd,
+                "kv_cache: contiguous bfloat16 [layers, 2, kv_heads, blocks, block_size, dim]");
+    const int64_t* id = ids.data_ptr<int64_t>();
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    const int64_t blocks = kv_cache.size(3), block_size = kv_cache.size(4);
+    const int64_t head_stride = blocks * block_size * hd;  // one KV head's pages
+    for (int64_t r = 0; r < m; ++r)
+      TORCH_CHECK(id[r] >= 0 && id[r] < embed_.size(0) && pos[r] >= 0 && pos[r] < cos_.size(0) &&
+                      slot[r] >= 0 && slot[r] < blocks * block_size,
+                  "token id, position or slot out of range");
+
+    const int64_t h_size = hidden_;
+    std::vector<float> h(m * h_size), proj(m * std::max({qkv_size, 2 * inter_, h_size}));
+    std::vector<float> q(m * q_size), attn(m * q_size);
+    std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
+    const bf16* table = embed_.data_ptr<bf16>();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < h_size; ++i) h[r * h_size + i] = static_cast<float>(table[id[r] * h_size + i]);
+    auto xbits = [&] { return reinterpret_cast<const uint16_t*>(x.data()); };
+    auto add_residual = [&] {
+      for (int64_t i = 0; i < m * h_size; ++i) h[i] += proj[i];
+    };
+    bf16* cache = kv_cache.data_ptr<bf16>();
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+
+    for (int64_t l = 0; l < layers; ++l) {
+      bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
+      bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
+      rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
+      gemv_bf16(xbits(), m, h_size, bits(qkv_[l]), qkv_size, proj.data());
+      for (int64_t r = 0; r < m; ++r) {
+        float* row = proj.data() + r * qkv_size;
+        const float* c = cos_.data_ptr<float>() + pos[r] * hd;
+        const float* s = sin_.data_ptr<float>() + pos[r] * hd;
+        for (int64_t head = 0; head < heads_ + kv_heads_; ++head) rotate(row + head * hd, c, s, hd);
+        std::copy(row, row + q_size, q.data() + r * q_size);
+        for (int64_t head = 0; head < kv_heads_; ++head) {
+          bf16* kd = k_cache + head * head_stride + slot[r] * hd;
+          bf16* vd = v_cache + head * head_stride + slot[r] * hd;
+          const float* ks = row + q_size + head * hd;
+          const float* vs = row + q_size + kv_size + head * hd;
+          for (int64_t i = 0; i < hd; ++i) {
+            kd[i] = bf16(ks[i]);
+            vd[i] = bf16(vs[i]);
+          }
+        }
+      }
+      edgefire::attention::decode_kernel(
+          q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
+          attn.data(), m, heads_, kv_heads_, blocks, block_size, hd, tables.size(1), scale);
+      for (int64_t i = 0; i < m * q_size; ++i) x[i] = bf16(attn[i]);
+      gemv_bf16(xbits(), m, q_size, bits(o_[l]), h_size, proj.data());
+      add_residual();
+      rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
+      gemv_bf16(xbits(), m, h_size, bits(gate_up_[l]), 2 * inter_, proj.data());
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = 0; i < inter_; ++i) {
+          const float g = proj[r * 2 * inter_ + i], u = proj[r * 2 * inter_ + inter_ + i];
+          x[r * inter_ + i] = bf16(g / (1.f + std::exp(-g)) * u);
+        }
+      gemv_bf16(xbits(), m, inter_, bits(down_[l]), h_size, proj.data());
+      add_residual();
+    }
+    auto out = torch::empty({m, h_size}, embed_.options());
+    rms_norm(h.data(), final_norm_.data_ptr<bf16>(), m, h_size, eps_, out.data_ptr<bf16>());
+    return out;
+  }
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  float eps_;
+  int64_t hidden_, inter_;
+  torch::Tensor embed_;
+  std::vector<torch::Tensor> attn_norm_, qkv_, o_, mlp_norm_, gate_up_, down_;
+  torch::Tensor final_norm_, cos_, sin_;
+};
+
+// x [m, k] bfloat16 @ w [n, k]^T bfloat16 -> [m, n] float32 (the LM head's logits).
+torch::Tensor linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
+              "x: contiguous bfloat16 [m, k]");
+  check_weight(w, w.size(0), x.size(1), "w");
+  TORCH_CHECK(w.size(0) % edgefire::fused::kTileRows == 0 &&
+                  x.size(1) % edgefire::fused::kChunk == 0, "w: rows % 4 == 0, k % 32 == 0");
+  auto out = torch::empty({x.size(0), w.size(0)}, x.options().dtype(torch::kFloat32));
+  gemv_bf16(bits(x), x.size(0), x.size(1), bits(w), w.size(0), out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear);
+  m.attr("native_dot") = edgefire::fused::kNativeDot;
+  pybind11::class_<LlamaDecode>(m, "LlamaDecode")
+      .def(pybind11::init<int64_t, int64_t, int64_t, double, torch::Tensor,
+                          std::vector<torch::Tensor>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor,
+                          torch::Tensor, torch::Tensor>())
+      .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

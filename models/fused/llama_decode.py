@@ -1,0 +1,72 @@
+"""The fused Llama decode step over dense BF16 weights, and when a step may take it.
+
+A step takes it when every token in it is a decode (one new token per sequence, no prompt
+chunk), it has at most MAX_ROWS of them, it computes in BF16 over a BF16 KV cache, and no
+batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed blocks).
+Anything else (prefill, larger batches, quantized or packed weights) runs the torch path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgefire.models.attention import AttentionMetadata
+from edgefire.models.native import native_kernel
+from edgefire.models.rotary import RotaryEmbedding
+
+fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name("llama_decode.cpp"))
+
+# Up to 8 rows the native matmul reads the weights faster than oneDNN's; at 16 it computes
+# slower (bench/kernels.py measures both per row count).
+MAX_ROWS = 8
+
+
+class FusedLlamaDecode:
+    """A LlamaDecode (llama_decode.cpp) over one model's BF16 weights, which it shares."""
+
+    def __init__(self, kernel: Any, config: Any, weights: Any) -> None:
+        c = config
+        layers = weights.layers
+        # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
+        rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
+        self.kernel = kernel
+        self.lm_head = weights.lm_head
+        self.step = kernel.LlamaDecode(
+            c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, weights.embed,
+            [layer.attn_norm for layer in layers], [layer.qkv for layer in layers],
+            [layer.o for layer in layers], [layer.mlp_norm for layer in layers],
+            [layer.gate_up for layer in layers], [layer.down for layer in layers],
+            weights.final_norm, rotary.cos.contiguous(), rotary.sin.contiguous())
+
+    @classmethod
+    def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
+        """The fused step for these weights, or None when they or the CPU cannot take it."""
+        kernel = fused_kernels()
+        if kernel is None or not kernel.native_dot:
+            return None  # without AVX512-BF16 dot products torch's matmul is as fast
+        tensors = [weights.embed, weights.final_norm, weights.lm_head,
+                   *(getattr(layer, name) for layer in weights.layers
+                     for name in ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down"))]
+        if not all(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in tensors):
+            return None  # quantized or packed projections: their own kernels, via torch
+        if (config.hidden_size % 32 or config.intermediate_size % 32 or config.head_dim % 16
+                or weights.lm_head.shape[0] % 4):
+            return None
+        return cls(kernel, config, weights)
+
+    @staticmethod
+    def takes(num_tokens: int, meta: AttentionMetadata, kv_cache: torch.Tensor,
+              dtype: torch.dtype, row_block: int | None) -> bool:
+        return (0 < num_tokens <= MAX_ROWS and not meta.prefills and row_block is None
+                and dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        return self.step.forward(input_ids, positions, meta.slot_mapping,
+                                 meta.decode_block_tables, meta.decode_context_lens, kv_cache)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.kernel.linear(hidden.contiguous(), self.lm_head)

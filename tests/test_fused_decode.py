@@ -1,0 +1,136 @@
+"""The fused native decode step (models/fused): same K/V and hidden states as the torch path
+computed in float32 over the same BF16 weights, within BF16 rounding; the steps it must not
+take (prefill, large batches, deterministic row blocks) stay on the torch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgefire.models.attention import AttentionMetadata
+from edgefire.models.fused import MAX_ROWS, fused_kernels
+from edgefire.models.llama import LlamaConfig, LlamaForCausalLM
+
+CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=3,
+                     num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
+                     rms_norm_eps=1e-5, max_position=128)
+BLOCK, BLOCKS = 4, 80
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    built = fused_kernels()
+    if built is None or not built.native_dot:
+        pytest.skip("no AVX512-BF16 fused kernel on this machine")
+    return built
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    c = CONFIG
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+
+    def rand(*shape, scale=0.2):
+        return (torch.randn(*shape, generator=g) * scale).bfloat16().float()
+
+    out = {"embed": rand(c.vocab_size, c.hidden_size, scale=1.0),
+           "final_norm": 1 + rand(c.hidden_size)}
+    for i in range(c.num_layers):
+        out |= {f"layers.{i}.attn_norm": 1 + rand(c.hidden_size),
+                f"layers.{i}.qkv": rand(qkv, c.hidden_size),
+                f"layers.{i}.o": rand(c.hidden_size, c.num_heads * c.head_dim),
+                f"layers.{i}.mlp_norm": 1 + rand(c.hidden_size),
+                f"layers.{i}.gate_up": rand(2 * c.intermediate_size, c.hidden_size),
+                f"layers.{i}.down": rand(c.hidden_size, c.intermediate_size)}
+    return out
+
+
+def _decode_meta(tables: list[list[int]], lens: list[int]) -> AttentionMetadata:
+    t = torch.tensor(tables)
+    n = torch.tensor(lens)
+    slots = torch.tensor([tables[s][(m - 1) // BLOCK] * BLOCK + (m - 1) % BLOCK
+                          for s, m in enumerate(lens)])
+    mask = (torch.arange(t.shape[1] * BLOCK)[None, :] < n[:, None])[None, :, None, :]
+    return AttentionMetadata(slots, len(lens), t, n, mask, [])
+
+
+def _case(rows: int, dtype: torch.dtype):
+    """A model in dtype and a cache already holding each sequence's earlier K/V (random),
+    about to decode one token per sequence at lengths 3, 7, 9, ... (8 shuffled blocks each)."""
+    model = LlamaForCausalLM(CONFIG, _weights(), (dtype,), kv_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    cache = torch.randn(model.kv_cache_shape(BLOCKS, BLOCK), generator=g).bfloat16()
+    lens = [3 + 3 * s + s % 2 for s in range(rows)]
+    tables = [[s * 8 + (3 * b) % 8 for b in range(8)] for s in range(rows)]
+    ids = torch.randint(0, CONFIG.vocab_size, (rows,), generator=g)
+    positions = torch.tensor([n - 1 for n in lens])
+    return model, cache, ids, positions, _decode_meta(tables, lens)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, MAX_ROWS])
+def test_fused_step_matches_float32_torch_path(kernel, rows):
+    fused, fused_cache, ids, positions, meta = _case(rows, torch.bfloat16)
+    ref, ref_cache, *_ = _case(rows, torch.float32)
+    assert fused._fused_step() is not None
+    hidden = fused.forward(ids, positions, meta, fused_cache, torch.bfloat16)
+    expected = ref.forward(ids, positions, meta, ref_cache, torch.float32)
+    assert hidden.dtype == torch.bfloat16
+    # BF16 rounding of each projection's input over three layers: a few parts in a hundred.
+    torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(fused_cache.float(), ref_cache.float(), atol=0.03, rtol=0.02)
+    # The LM head over the same hidden states: float32 accumulation of the same products.
+    torch.testing.assert_close(fused.compute_logits(hidden), ref.compute_logits(hidden.float()),
+                               atol=1e-4, rtol=1e-5)
+
+
+def test_fused_step_writes_only_the_new_tokens_slots(kernel):
+    model, cache, ids, positions, meta = _case(3, torch.bfloat16)
+    before = cache.clone()
+    model.forward(ids, positions, meta, cache, torch.bfloat16)
+    changed = (cache != before).any(dim=-1)  # [layers, 2, kv_heads, blocks, block]
+    written = changed.flatten(3).any(dim=(0, 1, 2)).nonzero().flatten()
+    assert sorted(written.tolist()) == sorted(meta.slot_mapping.tolist())
+
+
+def test_linear_matches_a_float_matmul(kernel):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(36, 96, generator=g).bfloat16()
+    for rows in range(1, 10):  # whole tiles of four rows and every remainder
+        x = torch.randn(rows, 96, generator=g).bfloat16()
+        torch.testing.assert_close(kernel.linear(x, w), x.float() @ w.float().T,
+                                   atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["prefill", "too_many_rows", "row_block", "float32"])
+def test_steps_it_must_not_take_stay_on_the_torch_path(kernel, case):
+    rows = MAX_ROWS + 1 if case == "too_many_rows" else 2
+    model, cache, ids, positions, meta = _case(rows, torch.bfloat16)
+    fused = model._fused_step()
+    if case == "prefill":
+        meta.prefills = [object()]  # any span: never taken, so never read
+    taken = fused.takes(rows, meta, cache, torch.float32 if case == "float32" else torch.bfloat16,
+                        8 if case == "row_block" else None)
+    assert not taken
+
+
+def test_fused_off_and_resident_weights_use_torch(kernel):
+    model, cache, ids, positions, meta = _case(2, torch.bfloat16)
+    model.fused_decode = False
+    assert model._fused_step() is None
+    model.fused_decode = True
+    assert model._fused_step() is not None
+
+    class Dense:  # any ResidentLinear form
+        def __init__(self, w):
+            self.w = w
+
+        def linear(self, x):
+            return x @ self.w.T
+
+        def tensors(self):
+            return (self.w,)
+
+    model.make_resident(Dense, "test")
+    assert model._fused_step() is None
+    hidden = model.forward(ids, positions, meta, cache, torch.bfloat16)
+    assert hidden.shape == (2, CONFIG.hidden_size)
