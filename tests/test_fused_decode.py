@@ -9,7 +9,8 @@ import torch
 
 from edgefire.models.attention import AttentionMetadata
 from edgefire.models.fused import MAX_ROWS, fused_kernels
-from edgefire.models.llama import LlamaConfig, LlamaForCausalLM
+from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
+from edgefire.plugins.quant.linear import Int8Linear
 
 CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=3,
                      num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
@@ -54,10 +55,10 @@ def _decode_meta(tables: list[list[int]], lens: list[int]) -> AttentionMetadata:
     return AttentionMetadata(slots, len(lens), t, n, mask, [])
 
 
-def _case(rows: int, dtype: torch.dtype):
+def _case(rows: int, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None = None):
     """A model in dtype and a cache already holding each sequence's earlier K/V (random),
     about to decode one token per sequence at lengths 3, 7, 9, ... (8 shuffled blocks each)."""
-    model = LlamaForCausalLM(CONFIG, _weights(), (dtype,), kv_dtype=torch.bfloat16)
+    model = LlamaForCausalLM(CONFIG, weights or _weights(), (dtype,), kv_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(1)
     cache = torch.randn(model.kv_cache_shape(BLOCKS, BLOCK), generator=g).bfloat16()
     lens = [3 + 3 * s + s % 2 for s in range(rows)]
@@ -81,6 +82,21 @@ def test_fused_step_matches_float32_torch_path(kernel, rows):
     # The LM head over the same hidden states: float32 accumulation of the same products.
     torch.testing.assert_close(fused.compute_logits(hidden), ref.compute_logits(hidden.float()),
                                atol=1e-4, rtol=1e-5)
+
+
+def test_fused_step_reads_int8_projections(kernel):
+    fused, cache, ids, positions, meta = _case(3, torch.bfloat16)
+    fused.make_resident(Int8Linear.quantize, "int8")
+    assert fused._fused_step() is not None
+    # The reference multiplies by the dequantized weights, in float32.
+    dequantized = {name: (Int8Linear.quantize(w).dequantize()
+                          if name.rsplit(".", 1)[-1] in PROJECTIONS else w)
+                   for name, w in _weights().items()}
+    ref, ref_cache, *_ = _case(3, torch.float32, dequantized)
+    hidden = fused.forward(ids, positions, meta, cache, torch.bfloat16)
+    expected = ref.forward(ids, positions, meta, ref_cache, torch.float32)
+    torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.03, rtol=0.02)
 
 
 def test_fused_step_writes_only_the_new_tokens_slots(kernel):
@@ -113,22 +129,25 @@ def test_steps_it_must_not_take_stay_on_the_torch_path(kernel, case):
     assert not taken
 
 
-def test_fused_off_and_resident_weights_use_torch(kernel):
+class Dense:
+    """A ResidentLinear form the fused step cannot read."""
+
+    def __init__(self, w):
+        self.w = w
+
+    def linear(self, x):
+        return x @ self.w.T
+
+    def tensors(self):
+        return (self.w,)
+
+
+def test_fused_off_and_unreadable_forms_use_torch(kernel):
     model, cache, ids, positions, meta = _case(2, torch.bfloat16)
     model.fused_decode = False
     assert model._fused_step() is None
     model.fused_decode = True
     assert model._fused_step() is not None
-
-    class Dense:  # any ResidentLinear form
-        def __init__(self, w):
-            self.w = w
-
-        def linear(self, x):
-            return x @ self.w.T
-
-        def tensors(self):
-            return (self.w,)
 
     model.make_resident(Dense, "test")
     assert model._fused_step() is None

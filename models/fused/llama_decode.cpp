@@ -6,7 +6,7 @@
 // Why: at one token a step's 30 layers are ~420 small torch operators, and their dispatch
 // cost as much as the weight reads they surround (README, "Performance"). Here the neighbours
 // of each matmul (norms, rotary, K/V write, activation, residual) are plain loops over a few
-// rows, and the matmuls are gemv_bf16.h's. The residual stream is kept in float32 between
+// rows, and the matmuls are gemv.h's. The residual stream is kept in float32 between
 // layers; the projections' inputs are rounded to BF16, as the BF16 weights require.
 #include <torch/extension.h>
 
@@ -14,12 +14,13 @@
 #include <vector>
 
 #include "../attention/paged_decode.h"
-#include "gemv_bf16.h"
+#include "gemv.h"
 
 namespace {
 
 using bf16 = c10::BFloat16;
 using edgefire::fused::gemv_bf16;
+using edgefire::fused::gemv_int8;
 
 const uint16_t* bits(const torch::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>());
@@ -29,6 +30,45 @@ void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, const char
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2 &&
                   w.size(0) == rows && w.size(1) == cols,
               name, ": expected a contiguous bfloat16 [", rows, ", ", cols, "] weight");
+}
+
+// One projection's weight: BF16 [n, k], or INT8 [n, k] with float32 scales [n] (per row).
+struct Proj {
+  torch::Tensor w, scales;
+
+  Proj(torch::Tensor weight, torch::Tensor row_scales, int64_t rows, int64_t cols,
+       const char* name)
+      : w(std::move(weight)), scales(std::move(row_scales)) {
+    if (scales.numel() == 0) {
+      check_weight(w, rows, cols, name);
+      return;
+    }
+    TORCH_CHECK(w.scalar_type() == torch::kChar && w.is_contiguous() && w.dim() == 2 &&
+                    w.size(0) == rows && w.size(1) == cols && scales.numel() == rows &&
+                    scales.scalar_type() == torch::kFloat32 && scales.is_contiguous(),
+                name, ": expected a bfloat16 weight, or int8 with float32 row scales");
+  }
+
+  // out [m, n] = x [m, k] @ w^T; xf: room for x widened to float32 (INT8 weights).
+  void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf, float* out) const {
+    const int64_t n = w.size(0), k = w.size(1);
+    if (scales.numel() == 0) {
+      gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
+      return;
+    }
+    for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
+    gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), scales.data_ptr<float>(), n, out);
+  }
+};
+
+std::vector<Proj> projections(const std::vector<torch::Tensor>& weights,
+                              const std::vector<torch::Tensor>& scales, int64_t rows,
+                              int64_t cols, const char* name) {
+  TORCH_CHECK(weights.size() == scales.size(), name, ": one scales tensor per weight");
+  std::vector<Proj> out;
+  for (size_t l = 0; l < weights.size(); ++l)
+    out.emplace_back(weights[l], scales[l], rows, cols, name);
+  return out;
 }
 
 // out = bf16(x / rms(x) * weight), per row.
@@ -54,33 +94,36 @@ void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 
 class LlamaDecode {
  public:
-  LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, torch::Tensor embed,
-              std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> qkv,
-              std::vector<torch::Tensor> o, std::vector<torch::Tensor> mlp_norm,
-              std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
-              torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin)
+  // Each projection list holds one weight per layer, with its scales list beside it (empty
+  // tensors for BF16 weights).
+  LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps,
+              torch::Tensor embed, std::vector<torch::Tensor> attn_norm,
+              std::vector<torch::Tensor> mlp_norm, std::vector<std::vector<torch::Tensor>> w,
+              std::vector<std::vector<torch::Tensor>> scales, torch::Tensor final_norm,
+              torch::Tensor cos, torch::Tensor sin)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
-        hidden_(embed.size(1)), inter_(gate_up.at(0).size(0) / 2), embed_(embed),
-        attn_norm_(std::move(attn_norm)), qkv_(std::move(qkv)), o_(std::move(o)),
-        mlp_norm_(std::move(mlp_norm)), gate_up_(std::move(gate_up)), down_(std::move(down)),
-        final_norm_(final_norm), cos_(cos), sin_(sin) {
-    const int64_t layers = static_cast<int64_t>(qkv_.size()), q = heads * head_dim;
-    const int64_t kv = kv_heads * head_dim;
+        hidden_(embed.size(1)), inter_(inter), embed_(embed), attn_norm_(std::move(attn_norm)),
+        mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin) {
+    const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
     TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
                 "hidden and intermediate sizes must be multiples of 32");
     TORCH_CHECK(head_dim % edgefire::attention::kLanes == 0, "head_dim: a multiple of 16");
+    TORCH_CHECK(w.size() == 4 && scales.size() == 4, "weights: qkv, o, gate_up, down");
     check_weight(embed, embed.size(0), hidden_, "embed");
     TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
                     cos.size(1) == head_dim && sin.sizes() == cos.sizes(),
                 "rotary tables: contiguous float32 [positions, head_dim]");
-    for (int64_t l = 0; l < layers; ++l) {
-      check_weight(qkv_[l], q + 2 * kv, hidden_, "qkv");
-      check_weight(o_[l], hidden_, q, "o");
-      check_weight(gate_up_[l], 2 * inter_, hidden_, "gate_up");
-      check_weight(down_[l], hidden_, inter_, "down");
+    qkv_ = projections(w[0], scales[0], q + 2 * kv, hidden_, "qkv");
+    o_ = projections(w[1], scales[1], hidden_, q, "o");
+    gate_up_ = projections(w[2], scales[2], 2 * inter_, hidden_, "gate_up");
+    down_ = projections(w[3], scales[3], hidden_, inter_, "down");
+    const size_t layers = qkv_.size();
+    TORCH_CHECK(o_.size() == layers && gate_up_.size() == layers && down_.size() == layers &&
+                    attn_norm_.size() == layers && mlp_norm_.size() == layers,
+                "one weight of each kind per layer");
+    for (size_t l = 0; l < layers; ++l)
       for (const auto* norm : {&attn_norm_[l], &mlp_norm_[l]})
         TORCH_CHECK(norm->scalar_type() == torch::kBFloat16 && norm->numel() == hidden_, "norm");
-    }
   }
 
   // ids, positions, slots [m] int64; tables [m, max_blocks] int64; lens [m] int64 (the new
@@ -114,10 +157,10 @@ class LlamaDecode {
     std::vector<float> h(m * h_size), proj(m * std::max({qkv_size, 2 * inter_, h_size}));
     std::vector<float> q(m * q_size), attn(m * q_size);
     std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
+    std::vector<float> xf(x.size());
     const bf16* table = embed_.data_ptr<bf16>();
     for (int64_t r = 0; r < m; ++r)
       for (int64_t i = 0; i < h_size; ++i) h[r * h_size + i] = static_cast<float>(table[id[r] * h_size + i]);
-    auto xbits = [&] { return reinterpret_cast<const uint16_t*>(x.data()); };
     auto add_residual = [&] {
       for (int64_t i = 0; i < m * h_size; ++i) h[i] += proj[i];
     };
@@ -128,7 +171,7 @@ class LlamaDecode {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
       rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gemv_bf16(xbits(), m, h_size, bits(qkv_[l]), qkv_size, proj.data());
+      qkv_[l].apply(x, m, xf, proj.data());
       for (int64_t r = 0; r < m; ++r) {
         float* row = proj.data() + r * qkv_size;
         const float* c = cos_.data_ptr<float>() + pos[r] * hd;
@@ -150,16 +193,16 @@ class LlamaDecode {
           q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
           attn.data(), m, heads_, kv_heads_, blocks, block_size, hd, tables.size(1), scale);
       for (int64_t i = 0; i < m * q_size; ++i) x[i] = bf16(attn[i]);
-      gemv_bf16(xbits(), m, q_size, bits(o_[l]), h_size, proj.data());
+      o_[l].apply(x, m, xf, proj.data());
       add_residual();
       rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gemv_bf16(xbits(), m, h_size, bits(gate_up_[l]), 2 * inter_, proj.data());
+      gate_up_[l].apply(x, m, xf, proj.data());
       for (int64_t r = 0; r < m; ++r)
         for (int64_t i = 0; i < inter_; ++i) {
           const float g = proj[r * 2 * inter_ + i], u = proj[r * 2 * inter_ + inter_ + i];
           x[r * inter_ + i] = bf16(g / (1.f + std::exp(-g)) * u);
         }
-      gemv_bf16(xbits(), m, inter_, bits(down_[l]), h_size, proj.data());
+      down_[l].apply(x, m, xf, proj.data());
       add_residual();
     }
     auto out = torch::empty({m, h_size}, embed_.options());
@@ -172,7 +215,8 @@ class LlamaDecode {
   float eps_;
   int64_t hidden_, inter_;
   torch::Tensor embed_;
-  std::vector<torch::Tensor> attn_norm_, qkv_, o_, mlp_norm_, gate_up_, down_;
+  std::vector<torch::Tensor> attn_norm_, mlp_norm_;
+  std::vector<Proj> qkv_, o_, gate_up_, down_;
   torch::Tensor final_norm_, cos_, sin_;
 };
 
@@ -194,10 +238,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.attr("native_dot") = edgefire::fused::kNativeDot;
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
-      .def(pybind11::init<int64_t, int64_t, int64_t, double, torch::Tensor,
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, double, torch::Tensor,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                          std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor,
-                          torch::Tensor, torch::Tensor>())
+                          std::vector<std::vector<torch::Tensor>>,
+                          std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor,
+                          torch::Tensor>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -3,7 +3,9 @@
 A step takes it when every token in it is a decode (one new token per sequence, no prompt
 chunk), it has at most MAX_ROWS of them, it computes in BF16 over a BF16 KV cache, and no
 batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed blocks).
-Anything else (prefill, larger batches, quantized or packed weights) runs the torch path.
+Anything else (prefill, larger batches) runs the torch path, as do models whose projections
+are in a form the step cannot read. It reads BF16 tensors, and resident forms that offer
+`int8_per_channel()`: (INT8 weight [out, in], scales [out]), weight-only quantized per row.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ MAX_ROWS = 8
 class FusedLlamaDecode:
     """A LlamaDecode (llama_decode.cpp) over one model's BF16 weights, which it shares."""
 
-    def __init__(self, kernel: Any, config: Any, weights: Any) -> None:
+    def __init__(self, kernel: Any, config: Any, weights: Any,
+                 forms: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
         c = config
         layers = weights.layers
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
@@ -35,10 +38,11 @@ class FusedLlamaDecode:
         self.kernel = kernel
         self.lm_head = weights.lm_head
         self.step = kernel.LlamaDecode(
-            c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, weights.embed,
-            [layer.attn_norm for layer in layers], [layer.qkv for layer in layers],
-            [layer.o for layer in layers], [layer.mlp_norm for layer in layers],
-            [layer.gate_up for layer in layers], [layer.down for layer in layers],
+            c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
+            weights.embed, [layer.attn_norm for layer in layers],
+            [layer.mlp_norm for layer in layers],
+            [[w for w, _ in per_layer] for per_layer in forms],
+            [[s for _, s in per_layer] for per_layer in forms],
             weights.final_norm, rotary.cos.contiguous(), rotary.sin.contiguous())
 
     @classmethod
@@ -47,15 +51,18 @@ class FusedLlamaDecode:
         kernel = fused_kernels()
         if kernel is None or not kernel.native_dot:
             return None  # without AVX512-BF16 dot products torch's matmul is as fast
-        tensors = [weights.embed, weights.final_norm, weights.lm_head,
-                   *(getattr(layer, name) for layer in weights.layers
-                     for name in ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down"))]
-        if not all(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in tensors):
-            return None  # quantized or packed projections: their own kernels, via torch
+        dense = [weights.embed, weights.final_norm, weights.lm_head,
+                 *(t for layer in weights.layers for t in (layer.attn_norm, layer.mlp_norm))]
+        if not all(_is_bf16(t) for t in dense):
+            return None  # a packed embedding table (lossless codecs): via torch
+        forms = [[_form(getattr(layer, name)) for layer in weights.layers]
+                 for name in ("qkv", "o", "gate_up", "down")]
+        if any(form is None for per_layer in forms for form in per_layer):
+            return None  # a projection form it cannot read: its own kernels, via torch
         if (config.hidden_size % 32 or config.intermediate_size % 32 or config.head_dim % 16
                 or weights.lm_head.shape[0] % 4):
             return None
-        return cls(kernel, config, weights)
+        return cls(kernel, config, weights, forms)
 
     @staticmethod
     def takes(num_tokens: int, meta: AttentionMetadata, kv_cache: torch.Tensor,
@@ -70,3 +77,21 @@ class FusedLlamaDecode:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kernel.linear(hidden.contiguous(), self.lm_head)
+
+
+_NO_SCALES = torch.empty(0)
+
+
+def _is_bf16(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
+
+
+def _form(projection: object) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(weight, float32 row scales) for the kernel; BF16 weights take no scales."""
+    if _is_bf16(projection):
+        return projection, _NO_SCALES  # type: ignore[return-value]
+    int8 = getattr(projection, "int8_per_channel", None)
+    if int8 is None:
+        return None
+    weight, scales = int8()
+    return weight.contiguous(), scales.float().contiguous()

@@ -57,6 +57,10 @@ class Int8Linear:
     def dequantize(self) -> torch.Tensor:
         return self.weight.float() * self.scales.float()[:, None]
 
+    def int8_per_channel(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, scales) for kernels that read INT8 rows themselves (models/fused)."""
+        return self.weight, self.scales
+
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.weight, self.scales
 

@@ -1,0 +1,155 @@
+"""Decode-step kernels against the machine's roofline: GB/s per SmolLM2 weight shape for the
+native BF16 matmul (models/fused/gemv.h) and torch's (oneDNN), a whole decode step fused
+vs through torch, and the host's share of a single-stream engine step.
+
+Run from the repository root: .venv/bin/python -m bench.kernels [--quick]
+Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
+on stdout, the same and a table in bench/results/kernels.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from bench._common import log, machine_info, markdown_table, write_results
+from bench.roofline import measure_roofline
+from edgefire.models.fused import fused_kernels
+from edgefire.runtime import LLM, SamplingParams
+
+MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
+# SmolLM2-135M's projections [out, in] and how many of each one decode step reads.
+SHAPES = {"qkv": ((960, 576), 30), "o": ((576, 576), 30), "gate_up": ((3072, 576), 30),
+          "down": ((576, 1536), 30), "lm_head": ((49152, 576), 1)}
+
+
+def best_seconds(fn: Callable[[], object], reps: int) -> float:
+    """Best mean over three runs of reps calls (after one warm-up call)."""
+    fn()
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        runs.append((time.perf_counter() - start) / reps)
+    return min(runs)
+
+
+def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
+    """GB/s of weight read per shape and row count. Each shape is held in as many copies as a
+    step reads, cycled through, so the weights come from memory as in a real step, not from a
+    cache that one copy would fit in."""
+    kernel = fused_kernels()
+    out: dict[str, dict] = {}
+    for name, ((n, k), copies) in SHAPES.items():
+        weights = [torch.randn(n, k).bfloat16() for _ in range(copies)]
+        nbytes = sum(w.nbytes for w in weights)
+        out[name] = {"shape": [n, k], "copies": copies, "per_rows": {}}
+        for rows in rows_list:
+            x = torch.randn(rows, k).bfloat16()
+            native = best_seconds(lambda x=x, ws=weights: [kernel.linear(x, w) for w in ws], reps)
+            dense = best_seconds(lambda x=x, ws=weights: [F.linear(x, w) for w in ws], reps)
+            out[name]["per_rows"][str(rows)] = {
+                "native_gb_s": round(nbytes / native / 1e9, 2),
+                "torch_gb_s": round(nbytes / dense / 1e9, 2),
+                "native_vs_torch": round(dense / native, 3)}
+        log(f"{name} {n}x{k}: " + ", ".join(
+            f"M={r} {v['native_gb_s']} vs {v['torch_gb_s']} GB/s"
+            for r, v in out[name]["per_rows"].items()))
+    return out
+
+
+def step_times(llm: LLM, rows_list: list[int], steps: int) -> dict[str, dict]:
+    """ms per decode step of `rows` sequences, fused and through torch, timing the engine's
+    runner (forward and logits) apart from the rest of the step (scheduling, metadata,
+    sampling, detokenizing): the host's overhead per step."""
+    engine = llm.engine
+    runner = engine.runner
+    inner = runner.execute
+    spent: list[float] = []
+
+    def timed(batch):
+        start = time.perf_counter()
+        result = inner(batch)
+        spent.append(time.perf_counter() - start)
+        return result
+
+    runner.execute = timed
+    prompt = llm.tokenizer.encode("The history of Frankfurt am Main " * 40)[:256]
+    out: dict[str, dict] = {}
+    try:
+        for fused in (True, False):
+            llm.model.fused_decode = fused
+            for rows in rows_list:
+                params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+                for i in range(rows):  # distinct prompts: the prefix cache must not join them
+                    engine.add_request(f"k{fused}{rows}-{i}", [i + 1, *prompt], params)
+                while any(s.num_computed_tokens < s.num_prompt_tokens
+                          for s in engine.scheduler.waiting + engine.scheduler.running):
+                    engine.step()
+                spent.clear()
+                start = time.perf_counter()
+                count = 0
+                while engine.has_unfinished():
+                    engine.step()
+                    count += 1
+                wall = (time.perf_counter() - start) / count
+                model = sum(spent) / len(spent)
+                key = f"{'fused' if fused else 'torch'}_{rows}"
+                out[key] = {"fused": fused, "rows": rows, "step_ms": round(wall * 1e3, 3),
+                            "model_ms": round(model * 1e3, 3),
+                            "host_overhead_us": round((wall - model) * 1e6, 1),
+                            "tok_s": round(rows / wall, 1)}
+                log(f"{key}: {out[key]}")
+    finally:
+        runner.execute = inner
+        llm.model.fused_decode = True
+    return out
+
+
+def render(result: dict) -> str:
+    bw = result["roofline"]["read_gb_s"]
+    rows = []
+    for name, shape in result["shapes"].items():
+        for r, v in shape["per_rows"].items():
+            rows.append([name, "x".join(map(str, shape["shape"])), r, v["native_gb_s"],
+                         f"{v['native_gb_s'] / bw:.0%}", v["torch_gb_s"], v["native_vs_torch"]])
+    shapes = markdown_table(["weight", "shape", "rows", "native GB/s", "of read bw",
+                             "torch GB/s", "native/torch"], rows)
+    weight_mb = result["weight_bytes"] / 1e6
+    steps = markdown_table(
+        ["path", "rows", "step ms", "model ms", "host overhead us", "tok/s", "weights GB/s"],
+        [[("fused" if s["fused"] else "torch"), s["rows"], s["step_ms"], s["model_ms"],
+          s["host_overhead_us"], s["tok_s"], round(weight_mb / s["model_ms"], 1)]
+         for s in result["steps"].values()])
+    return (f"# Decode kernels (SmolLM2-135M shapes, BF16)\n\nMachine: measured read bandwidth "
+            f"{bw} GB/s, BF16 GEMM {result['roofline']['bf16_gemm_tflops']} TFLOP/s.\n\n"
+            f"{shapes}\n## Decode step\n\n{steps}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if fused_kernels() is None:
+        raise SystemExit("the fused kernels are not built (make setup)")
+    roofline = measure_roofline()
+    log(f"roofline: {roofline}")
+    rows_list = [1, 4] if args.quick else [1, 2, 4, 8, 16]
+    shapes = shape_rates(rows_list, 3 if args.quick else 10)
+    llm = LLM(MODEL, dtype="bfloat16")
+    steps = step_times(llm, [1, 4] if args.quick else [1, 4, 8], 16 if args.quick else 64)
+    result = {"bench": "kernels", "machine": machine_info(), "roofline": roofline,
+              "model": MODEL, "weight_bytes": llm.model.weight_bytes, "shapes": shapes,
+              "steps": steps}
+    write_results("kernels", result, render(result))
+
+
+if __name__ == "__main__":
+    main()
