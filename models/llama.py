@@ -154,6 +154,13 @@ class LlamaForCausalLM(PagedGQADecoder):
         self._fused: FusedLlamaDecode | None = None
         self._fused_built = False
 
+    def batch_invariant_decode_rows(self, dtype: torch.dtype) -> int:
+        """How many decode rows a step of this dtype computes each independently of the others
+        (bit for bit): the fused step's, or none. Speculative decoding verifies drafts only
+        within this, so its greedy output is exactly that of one-token steps."""
+        fused = self._fused_step()
+        return MAX_ROWS if fused is not None and dtype == torch.bfloat16 else 0
+
     def _fused_step(self) -> FusedLlamaDecode | None:
         if not self._fused_built:
             self._fused_built = True

@@ -18,6 +18,7 @@ from edgefire.runtime.engine.sampler import Sampler
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from edgefire.runtime.engine.sequence import Sequence
+from edgefire.runtime.engine.speculative import MODES, SpeculativeConfig, Speculator
 from edgefire.runtime.engine.stats import EngineStats
 from edgefire.runtime.engine.structured import Grammars
 from edgefire.runtime.tokenizer import Tokenizer
@@ -38,10 +39,24 @@ class EngineConfig:
     auto_bfloat16_min_tokens: int = 8
     # Which requests run batch-invariant (runtime/engine/deterministic.py): off, seeded, all.
     deterministic: str = "off"
+    # Speculative decoding for greedy requests (runtime/engine/speculative.py): ngram, off.
+    speculative: str = "ngram"
+    num_speculative_tokens: int = 3
 
     @property
     def precision(self) -> Precision:
         return Precision.parse(self.dtype, self.auto_bfloat16_min_tokens)
+
+
+def _invariant_rows(model: CausalLM, precision: Precision) -> int:
+    """Decode rows the model computes independently of each other in one step, when every
+    step of up to that many rows runs in one dtype; 0 (no drafts) for models without it."""
+    rows = getattr(model, "batch_invariant_decode_rows", None)
+    if rows is None:
+        return 0
+    dtype = precision.for_step(1)
+    limit = rows(dtype)
+    return limit if all(precision.for_step(n) == dtype for n in range(1, limit + 1)) else 0
 
 
 class StepFailedError(RuntimeError):
@@ -76,6 +91,11 @@ class LLMEngine:
         self.stop_token_ids = frozenset(tokenizer.stop_token_ids)
         self.grammars = Grammars(tokenizer, vocab_size)
         self.policy = deterministic.Policy.parse(config.deterministic)
+        if config.speculative not in MODES:
+            raise ValueError(f"speculative must be one of {', '.join(MODES)}")
+        self.speculator = Speculator(SpeculativeConfig(
+            mode=config.speculative, num_draft_tokens=config.num_speculative_tokens,
+            max_rows=_invariant_rows(model, config.precision)))
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -160,7 +180,9 @@ class LLMEngine:
         """Run one step. If running the batch raises, its requests are dropped and
         StepFailedError names them; a failure anywhere else (scheduling, or dropping them)
         leaves the engine in an unknown state and propagates as it is."""
+        self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
+        self._withdraw_unverified(batch)
         if not batch.seqs:
             return []
         try:
@@ -173,24 +195,53 @@ class LLMEngine:
                 self.abort(request_id)
             raise StepFailedError(request_ids) from exc
 
+    def _withdraw_unverified(self, batch: ScheduledBatch) -> None:
+        """Drafts stay only on sequences scheduled with all of them (the scheduler may have
+        preempted a sequence, or cut its tokens to the budget)."""
+        scheduled = dict(zip(batch.seqs, range(len(batch.seqs)), strict=True))
+        for seq in [*self.scheduler.running, *batch.preempted]:
+            i = scheduled.get(seq)
+            if seq.num_draft and (i is None or batch.num_scheduled_tokens[i] != 1 + seq.num_draft):
+                self.speculator.withdraw([seq])
+                if i is not None:
+                    batch.num_scheduled_tokens[i] = 1
+
     def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
         sample_seqs, logits = self.runner.execute(batch)
-        tokens = self.sampler(logits, sample_seqs)
+        new_tokens: dict[Sequence, list[int]] = {}
+        for seq, token in zip(sample_seqs, self.sampler(logits, sample_seqs), strict=True):
+            new_tokens.setdefault(seq, []).append(token)
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
+            if seq.num_draft:
+                # Only the real last token counts as computed now; the drafts that stand
+                # are counted as they are appended below.
+                new_tokens[seq] = self.speculator.accept(seq, new_tokens[seq])
+                n = 1
             seq.num_computed_tokens += n
             self.blocks.cache_full_blocks(seq, deterministic.publishable_blocks(
                 seq, self.scheduler.chunk, self.blocks.block_size) if seq.deterministic else None)
         outputs = []
-        for seq, token in zip(sample_seqs, tokens, strict=True):
-            seq.token_ids.append(token)
-            if seq.constraint is not None:
-                seq.constraint.advance(token)
-            output = self.outputs.update(seq, token, self._finish_reason(seq, token))
-            if output.finished:
-                self.scheduler.finish(seq, output.finish_reason)
-                del self.requests[seq.request_id]
+        for seq, tokens in new_tokens.items():
+            output: RequestOutput | None = None
+            for i, token in enumerate(tokens):
+                seq.num_computed_tokens += i > 0  # the previous token's K/V came as a draft
+                step = self._append(seq, token)
+                output = step if output is None else output.then(step)
+                if step.finished:
+                    break
+            assert output is not None
             outputs.append(output)
         return outputs
+
+    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.token_ids.append(token)
+        if seq.constraint is not None:
+            seq.constraint.advance(token)
+        output = self.outputs.update(seq, token, self._finish_reason(seq, token))
+        if output.finished:
+            self.scheduler.finish(seq, output.finish_reason)
+            del self.requests[seq.request_id]
+        return output
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params

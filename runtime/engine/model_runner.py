@@ -47,7 +47,8 @@ class ModelRunner:
                               for method in (model.forward, model.compute_logits))
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
-        """Run one step; return the sequences that reached a new token and their logits."""
+        """Run one step; return the sequences that reached a new token and their logits (a
+        sequence verifying drafts: once per row, in order)."""
         work = list(zip(batch.seqs, batch.num_scheduled_tokens, strict=True))
         if not any(seq.deterministic for seq in batch.seqs):
             return self._forward(work, self.precision.for_step(batch.num_batched_tokens), None)
@@ -71,8 +72,10 @@ class ModelRunner:
 
     def _forward(self, work: list[tuple[Sequence, int]], dtype: torch.dtype,
                  row_block: int | None) -> tuple[list[Sequence], torch.Tensor]:
-        # Decodes (one new token) first: the attention backend batches them as one group.
-        order = sorted(work, key=lambda item: item[1] > 1)
+        # Decodes first: the attention backend batches them as one group. A sequence verifying
+        # speculative drafts is decodes too, one row per token, row j attending to the context
+        # up to its own token; every row is sampled.
+        order = sorted(work, key=lambda item: item[1] > 1 and not item[0].num_draft)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -90,12 +93,15 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if n == 1:
-                decode_tables.append(table)
-                decode_lens.append(end)
+            if n == 1 or seq.num_draft:
+                decode_tables.extend([table] * n)
+                decode_lens.extend(range(start + 1, end + 1))
             else:
                 prefills.append(_prefill_span(row, n, end, table))
-            if end == seq.num_tokens:
+            if seq.num_draft:
+                sample_rows.extend(range(row, row + n))
+                sample_seqs.extend([seq] * n)
+            elif end == seq.num_tokens:
                 sample_rows.append(row + n - 1)
                 sample_seqs.append(seq)
 

