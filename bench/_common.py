@@ -163,12 +163,16 @@ def machine_info() -> dict[str, object]:
 
 
 def write_results(name: str, result: dict, markdown: str | None = None) -> Path:
-    """Write results/<name>.json (and .md); print the JSON as the last line of stdout."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    """Write results/<name>.json (and .md); print the JSON as the last line of stdout.
+
+    $EDGEFIRE_BENCH_RESULTS names another folder, so smoke runs leave the committed ones be.
+    """
+    folder = Path(os.environ.get("EDGEFIRE_BENCH_RESULTS") or RESULTS_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if markdown is not None:
-        (RESULTS_DIR / f"{name}.md").write_text(markdown)
+        (folder / f"{name}.md").write_text(markdown)
     print(json.dumps(result), flush=True)
     return path
 

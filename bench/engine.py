@@ -4,6 +4,9 @@ Run from the repository root: .venv/bin/python -m bench.engine [--quick] [--mode
 `--model` runs another catalog model (a miniature such as @cf/kimi-k2.5) without the peers,
 which read only SmolLM2's GGUF; its results go to bench/results/engine-<model>.{json,md}.
 Every run reports the KV cache's bytes per token, measured on the pool against the formula.
+llama.cpp runs on the shipped Q4_1 GGUF and its Q8_0 and BF16 rewrites (bench/gguf_variants.py,
+--llama-variants); each ratio is against the best of them for that metric, and names it.
+The machine's read bandwidth and bf16 GEMM throughput are recorded under "roofline".
 Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
 on stdout, the same and a table in bench/results/engine.{json,md}.
 """
@@ -26,23 +29,23 @@ from bench._common import (
     log,
     machine_info,
     make_prompts,
-    markdown_table,
     peak_rss_mib,
     percentiles,
     prompt_lengths,
     rate,
-    ratio,
     write_results,
 )
+from bench.engine_report import compute_ratios, render_markdown
+from bench.gguf_variants import FORMATS, SHIPPED, ensure_variants
 from bench.peers import llama_bin, run_hf, run_llama
+from bench.roofline import measure_roofline
 from edgefire.contract.catalog import Catalog, ModelSpec
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.weights import resolve_source
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 PROMPT_RANGE = (64, 512)
-TARGETS = {"batch_vs_llama_cpp": 3.0, "batch_vs_hf": 1.5, "single_decode_vs_llama_cpp": 0.7,
-           "prefill_vs_llama_cpp": 5.0}
+LLAMA_VARIANTS = ",".join([SHIPPED, *FORMATS])
 
 
 @dataclass(slots=True)
@@ -70,11 +73,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--build-llama", action="store_true",
                    help="run ../shared/peers/build-llama-cpp if the tools are missing")
     p.add_argument("--llama-reps", type=int, default=None, help="llama-bench -r (default 3)")
+    p.add_argument("--llama-variants", default=LLAMA_VARIANTS,
+                   help=f"GGUF variants llama.cpp runs on (default {LLAMA_VARIANTS})")
     args = p.parse_args()
     default_c = "1,4" if args.quick else "1,8,32,64"
     args.concurrency = [int(c) for c in (args.concurrency or default_c).split(",")]
     args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 128)
     args.llama_reps = args.llama_reps or (1 if args.quick else 3)
+    args.llama_variants = [v.strip() for v in args.llama_variants.split(",") if v.strip()]
     return args
 
 
@@ -104,6 +110,13 @@ def summarize(trace: Trace, prefill: Trace, prompts: list[list[int]],
     gaps = [float(g) for t in times for g in np.diff(t)]
     decode_rates = [(len(t) - 1) / (t[-1] - t[0]) for t in times if len(t) > 1 and t[-1] > t[0]]
     decode_tok_s = round(float(np.mean(decode_rates)), 2) if decode_rates else None
+    # Decode only, all sequences together (llama-batched-bench's S_TG): the tokens that arrive
+    # once every request has its first one (no prefill left) over the time they took. Requests
+    # that started early finish early, so the batch thins out at the end: a conservative figure.
+    firsts = [t[0] for t in times if t]
+    start = max(firsts, default=0.0)
+    end = max((t[-1] for t in times if t), default=0.0)
+    after = sum(1 for t in times for x in t if x > start)
     return {
         "requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
         "output_tokens": generated, "wall_s": round(trace.wall_s, 3),
@@ -111,6 +124,7 @@ def summarize(trace: Trace, prefill: Trace, prompts: list[list[int]],
         "prefill_tok_s": rate(prefill_tokens, prefill.wall_s),
         "prefill_wall_s": round(prefill.wall_s, 3),
         "per_request_decode_tok_s": decode_tok_s,
+        "decode_tok_s": rate(after, end - start) if after else None,
         "ttft_ms": percentiles([t[0] for t in times if t], 1000),
         "itl_ms": percentiles(gaps, 1000),
         "end_s": percentiles([t[-1] for t in times if t]),
@@ -137,39 +151,6 @@ def run_edgefire(llm: LLM, workloads: dict[int, list[list[int]]], max_new: int,
 
 def _encoder(llm: LLM) -> Callable[[str], list[int]]:
     return lambda text: llm.tokenizer.encode(text, add_special_tokens=False)
-
-
-def _get(d: dict | None, *keys: str) -> float | None:
-    for key in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return d  # type: ignore[return-value]
-
-
-def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
-    ef, hf, ll = result["edgefire"]["per_concurrency"], result["hf"], result["llama_cpp"]
-    ref = str(ref_c)
-    ll_single_tg = _get(ll, "single", "decode_tok_s") or _get(ll, "batched", "1", "decode_tok_s")
-    ratios = {
-        "reference_concurrency": ref_c,
-        "batch_vs_llama_cpp": ratio(_get(ef, ref, "output_tok_s"),
-                                    _get(ll, "batched", ref, "output_tok_s")),
-        "batch_vs_llama_cpp_s_tg": ratio(_get(ef, ref, "output_tok_s"),
-                                         _get(ll, "batched", ref, "decode_tok_s")),
-        "batch_vs_hf": ratio(_get(ef, ref, "output_tok_s"),
-                             _get(hf, "per_concurrency", ref, "output_tok_s")),
-        "single_decode_vs_llama_cpp": ratio(_get(ef, "1", "per_request_decode_tok_s"),
-                                            ll_single_tg),
-        "prefill_vs_llama_cpp": ratio(_get(ef, ref, "prefill_tok_s"),
-                                      _get(ll, "batched", ref, "prefill_tok_s")),
-        "prefill_c1_vs_llama_cpp_single": ratio(_get(ef, "1", "prefill_tok_s"),
-                                                _get(ll, "single", "prefill_tok_s")),
-    }
-    targets = {name: {"target": goal, "ratio": ratios[name],
-                      "met": None if ratios[name] is None else ratios[name] >= goal}
-               for name, goal in TARGETS.items()}
-    return ratios, targets
 
 
 def kv_bytes_per_token(llm: LLM, spec: ModelSpec) -> dict:
@@ -204,42 +185,6 @@ def _kv_values(c: dict, full_length_only: bool = False) -> int:
     return layers * 2 * heads * head_dim
 
 
-def render_markdown(result: dict) -> str:
-    ef, hf = result["edgefire"]["per_concurrency"], result["hf"]
-    ll = result["llama_cpp"]
-    rows = []
-    for c in result["workload"]["concurrency"]:
-        e = ef[str(c)]
-        rows.append([c, e["output_tok_s"], e["prefill_tok_s"],
-                     f"{e['ttft_ms']['p50']} / {e['ttft_ms']['p99']}",
-                     f"{e['itl_ms']['p50']} / {e['itl_ms']['p99']}",
-                     _get(hf, "per_concurrency", str(c), "output_tok_s"),
-                     _get(ll, "batched", str(c), "output_tok_s"),
-                     _get(ll, "batched", str(c), "decode_tok_s"),
-                     _get(ll, "batched", str(c), "prefill_tok_s")])
-    header = ["C", "edgefire out tok/s", "edgefire prefill tok/s", "TTFT p50/p99 ms",
-              "ITL p50/p99 ms", f"HF ({hf.get('dtype', 'n/a')}) tok/s", "llama.cpp out tok/s",
-              "llama.cpp S_TG", "llama.cpp S_PP"]
-    table = markdown_table(header, rows)
-    targets = markdown_table(["ratio", "value", "target", "met"], [
-        [name, t["ratio"], f">= {t['target']}", t["met"]] for name, t in result["targets"].items()])
-    w = result["workload"]
-    kv = result["kv_bytes_per_token"]
-    model = ("SmolLM2-135M-Instruct (Q4_1 GGUF)" if result["model"] == MODEL
-             else f"{result['model']} ({result['miniature'] or 'from the catalog'})")
-    return (f"{model}, {w['max_new_tokens']} new tokens, prompts "
-            f"{w['prompt_len_range'][0]}-{w['prompt_len_range'][1]} tokens, "
-            f"{result['machine']['cpu_count']} CPUs, {w['threads']} threads. "
-            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB. "
-            f"KV cache ({kv['kv_dtype']}): {kv['measured']:g} bytes per token measured, "
-            f"{kv['planned']} by formula"
-            + (f"; the real model: {kv['real_model_bfloat16']} (bfloat16)"
-               if "real_model_bfloat16" in kv else "")
-            + (f" plus {kv['real_model_local_bfloat16_per_sequence']} per sequence for its "
-               "chunked-local layers" if "real_model_local_bfloat16_per_sequence" in kv else "")
-            + f".\n\n{table}\n{targets}")
-
-
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -259,6 +204,7 @@ def main() -> None:
     edgefire = {"engine_config": asdict(llm.engine.config),
                 "per_concurrency": run_edgefire(llm, workloads, args.max_new_tokens, args.seed)}
     edgefire["peak_rss_mib"] = peak_rss_mib()
+    edgefire["weight_precision"] = getattr(llm.model, "weight_precision", None)
     kv = kv_bytes_per_token(llm, spec)
     log(f"KV bytes per token: {kv}")
     del llm
@@ -269,7 +215,7 @@ def main() -> None:
         "workload": {"concurrency": args.concurrency, "prompt_len_range": list(PROMPT_RANGE),
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                      "greedy": True, "ignore_eos": True, "threads": args.threads},
-        "machine": machine, "edgefire": edgefire,
+        "machine": machine, "roofline": measure_roofline(), "edgefire": edgefire,
         "llama_cpp": llama_peer(args, gguf, workloads),
         "hf": hf_peer(args, gguf, workloads, ref_c),
         "notes": "edgefire/HF peak RSS is ru_maxrss of this process (edgefire's is taken before "
@@ -293,10 +239,11 @@ def llama_peer(args: argparse.Namespace, gguf: Path, workloads: dict) -> dict:
                 "note": "llama.cpp tools not found; run bash ../shared/peers/build-llama-cpp"}
     pp = round(float(np.mean([len(p) for ps in workloads.values() for p in ps])))
     try:
-        return run_llama(folder, gguf, pp, args.max_new_tokens, list(workloads), args.threads,
+        ggufs = ensure_variants(gguf, args.llama_variants)
+        return run_llama(folder, ggufs, pp, args.max_new_tokens, list(workloads), args.threads,
                          args.llama_reps)
-    except subprocess.CalledProcessError as exc:
-        log(f"llama.cpp failed: {exc}\n{(exc.stderr or '')[-2000:]}")
+    except (subprocess.CalledProcessError, ValueError, OSError) as exc:
+        log(f"llama.cpp failed: {exc}\n{(getattr(exc, 'stderr', '') or '')[-2000:]}")
         return {"available": False, "note": f"llama.cpp failed: {exc}"}
 
 

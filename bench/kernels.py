@@ -127,7 +127,7 @@ def render(result: dict) -> str:
           s["host_overhead_us"], s["tok_s"], round(weight_mb / s["model_ms"], 1)]
          for s in result["steps"].values()])
     return (f"# Decode kernels (SmolLM2-135M shapes, BF16)\n\nMachine: measured read bandwidth "
-            f"{bw} GB/s, BF16 GEMM {result['roofline']['bf16_gemm_tflops']} TFLOP/s.\n\n"
+            f"{bw} GB/s, BF16 GEMM {result['roofline']['bf16_gemm_tflop_s']} TFLOP/s.\n\n"
             f"{shapes}\n## Decode step\n\n{steps}")
 
 

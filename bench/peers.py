@@ -1,4 +1,5 @@
-"""Peer engines on the same GGUF: HF transformers `generate` and llama.cpp's bench tools."""
+"""Peer engines: HF transformers `generate` on the shipped GGUF, llama.cpp's bench tools on it
+and its Q8_0/BF16 rewrites (bench/gguf_variants.py)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,12 @@ def run_hf(gguf: Path, workloads: dict[int, list[list[int]]], max_new: int,
 # ---------------------------------------------------------------- llama.cpp
 
 
+def default_llama_folder() -> Path:
+    """Where ../shared/peers/build-llama-cpp puts llama.cpp's binaries."""
+    root = os.environ.get("EDGEFIRE_PEERS", str(Path.home() / ".cache/edgefire-peers"))
+    return Path(root) / "llama.cpp" / "bin"
+
+
 def llama_bin(explicit: str | None, build: bool) -> Path | None:
     """The folder holding llama.cpp's bench tools, or None when they are not built."""
     if explicit:
@@ -101,8 +108,7 @@ def llama_bin(explicit: str | None, build: bool) -> Path | None:
         out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
         folder = Path(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else Path()
     else:
-        root = os.environ.get("EDGEFIRE_PEERS", str(Path.home() / ".cache/edgefire-peers"))
-        folder = Path(root) / "llama.cpp" / "bin"
+        folder = default_llama_folder()
     ok = all(os.access(folder / tool, os.X_OK) for tool in LLAMA_TOOLS)
     return folder if ok else None
 
@@ -114,8 +120,9 @@ def _jsonl(cmd: list[str], peaks: list[float]) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def run_llama(folder: Path, gguf: Path, pp: int, tg: int, npl: Sequence[int], threads: int,
-              repetitions: int) -> dict:
+def run_llama_variant(folder: Path, gguf: Path, pp: int, tg: int, npl: Sequence[int],
+                      threads: int, repetitions: int) -> dict:
+    """llama-batched-bench at every concurrency and llama-bench single-stream, on one GGUF."""
     ctx = max(npl) * (pp + tg) + 256
     peaks: list[float] = []
     rows = _jsonl([str(folder / "llama-batched-bench"), "-m", str(gguf), "-c", str(ctx),
@@ -134,13 +141,57 @@ def run_llama(folder: Path, gguf: Path, pp: int, tg: int, npl: Sequence[int], th
         key = "prefill_tok_s" if r["n_prompt"] else "decode_tok_s"
         single[key] = round(r["avg_ts"], 2)
         single["build_commit"] = r.get("build_commit")
-    for c, row in batched.items():
-        log(f"llama.cpp C={c}: out {row['output_tok_s']} tok/s, S_TG {row['decode_tok_s']}, "
-            f"S_PP {row['prefill_tok_s']}")
-    log(f"llama.cpp single: pp{pp} {single['prefill_tok_s']} tok/s, "
-        f"tg{tg} {single['decode_tok_s']} tok/s")
-    return {"available": True, "bin": str(folder), "pp": pp, "tg": tg, "threads": threads,
-            "ctx": ctx, "batched": batched, "single": single,
-            "peak_rss_mib": {"batched_bench": peaks[0], "bench": peaks[1]},
+    return {"available": True, "gguf": str(gguf), "ctx": ctx, "batched": batched,
+            "single": single, "peak_rss_mib": {"batched_bench": peaks[0], "bench": peaks[1]}}
+
+
+# The metrics each ratio reads; "best" keeps the highest of each over the variants.
+SINGLE_METRICS = ("decode_tok_s", "prefill_tok_s")
+BATCHED_METRICS = ("output_tok_s", "decode_tok_s", "prefill_tok_s")
+
+
+def best_of(variants: dict[str, dict]) -> dict:
+    """Per metric, the highest value over the variants that ran and which variant gave it."""
+    def pick(*keys: str) -> dict:
+        found = []
+        for name, v in variants.items():
+            value = v
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, int | float):
+                found.append((value, name))
+        value, name = max(found) if found else (None, None)
+        return {"value": value, "variant": name}
+
+    concurrencies = sorted({c for v in variants.values() for c in v.get("batched", {})}, key=int)
+    return {"single": {m: pick("single", m) for m in SINGLE_METRICS},
+            "batched": {c: {m: pick("batched", c, m) for m in BATCHED_METRICS}
+                        for c in concurrencies}}
+
+
+def run_llama(folder: Path, ggufs: dict[str, Path], pp: int, tg: int, npl: Sequence[int],
+              threads: int, repetitions: int) -> dict:
+    """Every variant (q4_1, q8_0, bf16: bench/gguf_variants.py) in turn, then the best of each
+    metric: llama.cpp is compared at whichever weight format serves that metric best."""
+    variants: dict[str, dict] = {}
+    for name, gguf in ggufs.items():
+        try:
+            variants[name] = run_llama_variant(folder, gguf, pp, tg, npl, threads, repetitions)
+        except (subprocess.CalledProcessError, KeyError, ValueError) as exc:
+            log(f"llama.cpp {name} failed: {exc}\n{(getattr(exc, 'stderr', '') or '')[-2000:]}")
+            variants[name] = {"available": False, "gguf": str(gguf),
+                              "note": f"llama.cpp failed: {exc}"}
+            continue
+        v = variants[name]
+        for c, row in v["batched"].items():
+            log(f"llama.cpp {name} C={c}: out {row['output_tok_s']} tok/s, "
+                f"S_TG {row['decode_tok_s']}, S_PP {row['prefill_tok_s']}")
+        log(f"llama.cpp {name} single: pp{pp} {v['single']['prefill_tok_s']} tok/s, "
+            f"tg{tg} {v['single']['decode_tok_s']} tok/s")
+    ran = {name: v for name, v in variants.items() if v["available"]}
+    return {"available": bool(ran), "bin": str(folder), "pp": pp, "tg": tg,
+            "threads": threads, "variants": variants, "best": best_of(ran),
             "note": "llama-batched-bench uses one prompt length (pp) for all sequences; "
-                    "output_tok_s = pl*tg / total time incl. prefill, decode_tok_s = S_TG"}
+                    "output_tok_s = pl*tg / total time incl. prefill, decode_tok_s = S_TG, "
+                    "prefill_tok_s = S_PP; best = the highest of each metric over the "
+                    "variants (q4_1 is the shipped GGUF, q8_0/bf16 rewrites of it)"}

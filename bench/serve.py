@@ -4,6 +4,9 @@ Starts `edge-node start --city fra` on a free port, then for each client count C
 requests whose arrivals follow a Poisson process at --request-rate, with at most C in flight,
 prompt and output lengths drawn from fixed ranges with a fixed seed. Streams every response
 (Workers AI SSE) to time TTFT and inter-token latency, and samples the node's CPU use.
+Then drives llama-server (llama.cpp, -np C parallel slots, --llama-variant of the GGUF) with the
+same requests at the same moments (bench/serve_peer.py), and reports edgefire/llama-server
+ratios per client count. The machine's roofline (bench/roofline.py) goes in the result too.
 
 Run from the repository root: .venv/bin/python -m bench.serve [--clients 1,4,16] [--quick]
 """
@@ -11,39 +14,31 @@ Run from the repository root: .venv/bin/python -m bench.serve [--clients 1,4,16]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
-import socket
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psutil
 
-from bench._common import (
-    SENTENCES,
-    log,
-    machine_info,
-    markdown_table,
-    percentiles,
-    rate,
-    write_results,
+from bench._common import SENTENCES, log, machine_info, markdown_table, ratio, write_results
+from bench.gguf_variants import FORMATS, SHIPPED, ensure_variants
+from bench.roofline import measure_roofline
+from bench.serve_peer import (
+    RequestTrace,
+    drive,
+    free_port,
+    llama_server_bin,
+    run_llama_server,
+    wait_healthy,
 )
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 ROUTE = "/client/v4/accounts/bench/ai/run/" + MODEL
-
-
-@dataclass(slots=True)
-class RequestTrace:
-    sent: float
-    chunks: list[float] = field(default_factory=list)  # arrival time of each text event
-    completion_tokens: int = 0
-    ok: bool = False
 
 
 def parse_args() -> argparse.Namespace:
@@ -55,13 +50,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", default="32,128", help="uniform range of max_tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="clients 1,4; 2 requests each")
+    p.add_argument("--skip-llama", action="store_true", help="no llama-server peer")
+    p.add_argument("--llama-bin", default=None, help="folder with llama-server")
+    p.add_argument("--llama-variant", default="q8_0", choices=[SHIPPED, *FORMATS],
+                   help="GGUF llama-server serves (default q8_0; see bench/gguf_variants.py)")
+    p.add_argument("--llama-threads", type=int, default=2, help="llama-server -t")
     return p.parse_args()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_node(port: int) -> subprocess.Popen:
@@ -69,16 +63,8 @@ def start_node(port: int) -> subprocess.Popen:
            "--port", str(port)]
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the edge node did not become healthy within 120 s")
+    wait_healthy(proc, f"http://127.0.0.1:{port}/health", "the edge node")
+    return proc
 
 
 def make_workload(n: int, args: argparse.Namespace, rng: random.Random) -> list[dict]:
@@ -111,71 +97,106 @@ async def one_request(client: httpx.AsyncClient, payload: dict) -> RequestTrace:
     return trace
 
 
-async def run_level(base: str, clients: int, workload: list[dict], request_rate: float,
-                    rng: random.Random) -> tuple[list[RequestTrace], float]:
-    limit = asyncio.Semaphore(clients)
-
-    async def gated(payload: dict) -> RequestTrace:
-        async with limit:
-            return await one_request(client, payload)
-
-    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
-        started = time.perf_counter()
-        tasks = []
-        for payload in workload:
-            tasks.append(asyncio.create_task(gated(payload)))
-            await asyncio.sleep(rng.expovariate(request_rate))
-        traces = await asyncio.gather(*tasks)
-        return traces, time.perf_counter() - started
-
-
-def summarise(clients: int, traces: list[RequestTrace], wall: float, cpu_s: float) -> dict:
-    ok = [t for t in traces if t.ok]
-    ttft = [t.chunks[0] - t.sent for t in ok if t.chunks]
-    itl = [b - a for t in ok for a, b in zip(t.chunks, t.chunks[1:], strict=False)]
-    tokens = sum(t.completion_tokens for t in ok)
-    return {
-        "clients": clients, "requests": len(traces), "failed": len(traces) - len(ok),
-        "wall_s": round(wall, 3), "req_s": rate(len(ok), wall), "output_tok_s": rate(tokens, wall),
-        "ttft_ms": percentiles(ttft, 1000), "itl_ms": percentiles(itl, 1000),
-        "node_cpu_cores": round(cpu_s / wall, 2) if wall else None,
-    }
-
-
-def main() -> None:
-    args = parse_args()
+def make_levels(args: argparse.Namespace) -> list[tuple[int, list[dict], list[float]]]:
+    """Per client count: the payloads and the Poisson gaps after each, drawn once so both
+    servers see the same arrivals (in the order the rng was always drawn in)."""
     levels = [1, 4] if args.quick else [int(c) for c in args.clients.split(",")]
     per_client = 2 if args.quick else args.requests_per_client
+    rng = random.Random(args.seed)
+    out = []
+    for clients in levels:
+        workload = make_workload(max(8, clients * per_client), args, rng)
+        out.append((clients, workload, [rng.expovariate(args.request_rate) for _ in workload]))
+    return out
+
+
+def run_edgefire(levels: list[tuple[int, list[dict], list[float]]]
+                 ) -> tuple[list[dict], list[list[RequestTrace]]]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log(f"starting edge node fra on :{port}")
     node = start_node(port)
+    summaries, traces = [], []
     try:
         node_ps = psutil.Process(node.pid)
         httpx.post(base + ROUTE, json={"prompt": "warm up", "max_tokens": 4}, timeout=300)
-        rng = random.Random(args.seed)
-        results = []
-        for clients in levels:
-            workload = make_workload(max(8, clients * per_client), args, rng)
-            cpu_before = sum(node_ps.cpu_times()[:2])
-            traces, wall = asyncio.run(run_level(base, clients, workload, args.request_rate, rng))
-            summary = summarise(clients, traces, wall, sum(node_ps.cpu_times()[:2]) - cpu_before)
-            log(f"C={clients}: {summary}")
-            results.append(summary)
+        for clients, workload, gaps in levels:
+            level_traces, summary = drive(base, clients, workload, gaps, one_request, node_ps)
+            log(f"edgefire C={clients}: {summary}")
+            summaries.append(summary)
+            traces.append(level_traces)
     finally:
         node.terminate()
         node.wait(timeout=30)
-    rows = [[r["clients"], r["requests"], r["req_s"], r["output_tok_s"],
+    return summaries, traces
+
+
+def llama_peer(args: argparse.Namespace, levels: list, traces: list) -> dict:
+    if args.skip_llama:
+        return {"available": False, "note": "skipped (--skip-llama)"}
+    server = llama_server_bin(args.llama_bin)
+    if server is None:
+        return {"available": False,
+                "note": "llama-server not found; run bash ../shared/peers/build-llama-cpp"}
+    from edgefire.contract.catalog import Catalog
+    from edgefire.runtime.weights import resolve_source
+
+    shipped = Path(resolve_source(Catalog.load().get_runnable(MODEL).weights))
+    log_path = Path(tempfile.gettempdir()) / f"llama-server-{int(time.time())}.log"
+    try:
+        gguf = ensure_variants(shipped, [args.llama_variant])[args.llama_variant]
+        return run_llama_server(server, gguf, args.llama_variant, args.llama_threads, levels,
+                                traces, log_path)
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
+        log(f"llama-server failed: {exc!r} (log: {log_path})")
+        return {"available": False, "note": f"llama-server failed: {exc!r}", "log": str(log_path)}
+
+
+def versus(edgefire: list[dict], peer: dict) -> dict:
+    """edgefire / llama-server per client count: output tok/s (above 1: edgefire serves more),
+    TTFT and ITL p99 (below 1: edgefire answers sooner)."""
+    out = {}
+    for ours, theirs in zip(edgefire, peer.get("levels", []), strict=False):
+        out[str(ours["clients"])] = {
+            "output_tok_s": ratio(ours["output_tok_s"], theirs["output_tok_s"]),
+            "itl_p99_ms": ratio(ours["itl_ms"]["p99"], theirs["itl_ms"]["p99"]),
+            "ttft_p99_ms": ratio(ours["ttft_ms"]["p99"], theirs["ttft_ms"]["p99"]),
+            "output_tokens": [ours["output_tokens"], theirs["output_tokens"]]}
+    return out
+
+
+def render(levels: list[dict], peer: dict, vs: dict, roof: dict) -> str:
+    named = [("edgefire", r) for r in levels]
+    named += [(f"llama-server ({peer['variant']})", r) for r in peer.get("levels", [])]
+    named.sort(key=lambda pair: pair[1]["clients"])
+    rows = [[r["clients"], name, r["requests"], r["req_s"], r["output_tok_s"],
              f"{r['ttft_ms']['p50']} / {r['ttft_ms']['p99']}",
-             f"{r['itl_ms']['p50']} / {r['itl_ms']['p99']}", r["node_cpu_cores"]] for r in results]
-    table = markdown_table(["clients", "requests", "req/s", "output tok/s", "TTFT p50/p99 ms",
-                            "ITL p50/p99 ms", "node CPU (cores)"], rows)
+             f"{r['itl_ms']['p50']} / {r['itl_ms']['p99']}", r["node_cpu_cores"]]
+            for name, r in named]
+    table = markdown_table(["clients", "server", "requests", "req/s", "output tok/s",
+                            "TTFT p50/p99 ms", "ITL p50/p99 ms", "server CPU (cores)"], rows)
+    ratios = markdown_table(
+        ["clients", "output tok/s (higher: edgefire ahead)", "ITL p99 (lower: edgefire ahead)",
+         "TTFT p99 (lower: edgefire ahead)"],
+        [[c, v["output_tok_s"], v["itl_p99_ms"], v["ttft_p99_ms"]] for c, v in vs.items()])
+    return (f"Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
+            f"{roof.get('bf16_gemm_tflop_s')} bf16 GEMM TFLOP/s.\n\n{table}"
+            + (f"\nedgefire / llama-server:\n\n{ratios}" if vs else ""))
+
+
+def main() -> None:
+    args = parse_args()
+    levels = make_levels(args)
+    results, traces = run_edgefire(levels)
+    peer = llama_peer(args, levels, traces)
+    vs = versus(results, peer)
+    roof = measure_roofline()
     write_results("serve", {
-        "bench": "serve", "model": MODEL, "machine": machine_info(),
+        "bench": "serve", "model": MODEL, "machine": machine_info(), "roofline": roof,
         "workload": {"request_rate": args.request_rate, "prompt_words": args.prompt_words,
                      "max_tokens": args.max_tokens, "seed": args.seed, "temperature": 0.7},
-        "levels": results,
-    }, table)
+        "levels": results, "llama_server": peer, "vs_llama_server": vs,
+    }, render(results, peer, vs, roof))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""The engine bench's ratios, targets and tables (bench/engine.py runs it).
+
+llama.cpp runs on several GGUF variants (bench/peers.py); every ratio against it takes its best
+variant for that metric (`result["llama_cpp"]["best"]`) and names the variant it was.
+"""
+
+from __future__ import annotations
+
+from bench._common import markdown_table, ratio
+
+# Each against llama.cpp's best variant for that metric; the batched ones at the reference
+# concurrency (32): output tok/s incl. prefill, decode only (S_TG), prefill only (S_PP).
+# Single-stream decode is edgefire on its lossless (dense) weights against llama.cpp's best.
+TARGETS = {"single_decode_vs_llama_cpp": 1.0, "batch_vs_llama_cpp": 2.0,
+           "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5}
+
+
+def _get(d: dict | None, *keys: str) -> float | None:
+    for key in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d  # type: ignore[return-value]
+
+
+def _best(ll: dict, *keys: str) -> tuple[float | None, str | None]:
+    """llama.cpp's best value for a metric over its variants, and the variant that gave it."""
+    entry = _get(ll, "best", *keys)
+    return (entry["value"], entry["variant"]) if isinstance(entry, dict) else (None, None)
+
+
+def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
+    ef, hf, ll = result["edgefire"]["per_concurrency"], result["hf"], result["llama_cpp"]
+    ref = str(ref_c)
+    single_tg = _best(ll, "single", "decode_tok_s")
+    if single_tg[0] is None:  # llama-bench did not report tg: batched-bench's C=1 S_TG
+        single_tg = _best(ll, "batched", "1", "decode_tok_s")
+    # ratio name: (edgefire's figure, llama.cpp's best for the same metric)
+    pairs = {
+        "single_decode_vs_llama_cpp": (_get(ef, "1", "per_request_decode_tok_s"), single_tg),
+        "batch_vs_llama_cpp": (_get(ef, ref, "output_tok_s"),
+                               _best(ll, "batched", ref, "output_tok_s")),
+        "batch_decode_vs_llama_cpp": (_get(ef, ref, "decode_tok_s"),
+                                      _best(ll, "batched", ref, "decode_tok_s")),
+        "prefill_vs_llama_cpp": (_get(ef, ref, "prefill_tok_s"),
+                                 _best(ll, "batched", ref, "prefill_tok_s")),
+        # edgefire with prefill against llama.cpp without: the strictest batched comparison
+        "batch_vs_llama_cpp_s_tg": (_get(ef, ref, "output_tok_s"),
+                                    _best(ll, "batched", ref, "decode_tok_s")),
+        "prefill_c1_vs_llama_cpp_single": (_get(ef, "1", "prefill_tok_s"),
+                                           _best(ll, "single", "prefill_tok_s")),
+    }
+    ratios: dict = {"reference_concurrency": ref_c}
+    ratios |= {name: ratio(ours, theirs[0]) for name, (ours, theirs) in pairs.items()}
+    ratios["batch_vs_hf"] = ratio(_get(ef, ref, "output_tok_s"),
+                                  _get(hf, "per_concurrency", ref, "output_tok_s"))
+    ratios["vs_llama_cpp"] = {name: {"edgefire": ours, "llama_cpp": theirs[0],
+                                     "llama_cpp_variant": theirs[1]}
+                              for name, (ours, theirs) in pairs.items()}
+    targets = {name: {"target": goal, "ratio": ratios[name],
+                      "met": None if ratios[name] is None else ratios[name] >= goal,
+                      "llama_cpp_variant": ratios["vs_llama_cpp"][name]["llama_cpp_variant"]}
+               for name, goal in TARGETS.items()}
+    return ratios, targets
+
+
+def render_markdown(result: dict) -> str:
+    ef, hf = result["edgefire"]["per_concurrency"], result["hf"]
+    ll = result["llama_cpp"]
+    rows = []
+    for c in result["workload"]["concurrency"]:
+        e = ef[str(c)]
+        rows.append([c, e["output_tok_s"], e.get("decode_tok_s"), e["prefill_tok_s"],
+                     f"{e['ttft_ms']['p50']} / {e['ttft_ms']['p99']}",
+                     f"{e['itl_ms']['p50']} / {e['itl_ms']['p99']}",
+                     _get(hf, "per_concurrency", str(c), "output_tok_s"),
+                     *(_named(_best(ll, "batched", str(c), m))
+                       for m in ("output_tok_s", "decode_tok_s", "prefill_tok_s"))])
+    header = ["C", "edgefire out tok/s", "edgefire decode tok/s", "edgefire prefill tok/s",
+              "TTFT p50/p99 ms", "ITL p50/p99 ms", f"HF ({hf.get('dtype', 'n/a')}) tok/s",
+              "llama.cpp best out tok/s", "llama.cpp best S_TG", "llama.cpp best S_PP"]
+    table = markdown_table(header, rows)
+    targets = markdown_table(["ratio", "value", "target", "met", "vs llama.cpp"], [
+        [name, t["ratio"], f">= {t['target']}", t["met"], t.get("llama_cpp_variant")]
+        for name, t in result["targets"].items()])
+    ref = str(result["ratios"]["reference_concurrency"])
+    variants = markdown_table(
+        ["llama.cpp variant", "single decode tok/s", "single prefill tok/s",
+         f"C={ref} out tok/s", f"C={ref} S_TG", f"C={ref} S_PP"],
+        [[name, _get(v, "single", "decode_tok_s"), _get(v, "single", "prefill_tok_s"),
+          *(_get(v, "batched", ref, m) for m in ("output_tok_s", "decode_tok_s",
+                                                 "prefill_tok_s"))]
+         for name, v in (ll.get("variants") or {}).items() if v.get("available")])
+    roof = result.get("roofline") or {}
+    w = result["workload"]
+    kv = result["kv_bytes_per_token"]
+    model = ("SmolLM2-135M-Instruct (Q4_1 GGUF)" if result["gguf"]
+             else f"{result['model']} ({result['miniature'] or 'from the catalog'})")
+    return (f"{model}, {w['max_new_tokens']} new tokens, prompts "
+            f"{w['prompt_len_range'][0]}-{w['prompt_len_range'][1]} tokens, "
+            f"{result['machine']['cpu_count']} CPUs, {w['threads']} threads. "
+            f"Peak RSS (process) {result['edgefire']['peak_rss_mib']} MiB. "
+            + (f"edgefire weights: {result['edgefire']['weight_precision']}. "
+               if result["edgefire"].get("weight_precision") else "")
+            + f"KV cache ({kv['kv_dtype']}): {kv['measured']:g} bytes per token measured, "
+            f"{kv['planned']} by formula"
+            + (f"; the real model: {kv['real_model_bfloat16']} (bfloat16)"
+               if "real_model_bfloat16" in kv else "")
+            + (f" plus {kv['real_model_local_bfloat16_per_sequence']} per sequence for its "
+               "chunked-local layers" if "real_model_local_bfloat16_per_sequence" in kv else "")
+            + f". Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
+            f"{roof.get('bf16_gemm_tflop_s')} bf16 GEMM TFLOP/s."
+            + f"\n\n{table}\n{targets}" + (f"\n{variants}" if ll.get("variants") else ""))
+
+
+def _named(best: tuple[float | None, str | None]) -> str | None:
+    value, variant = best
+    return None if value is None else f"{value} ({variant})"

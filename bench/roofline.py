@@ -1,0 +1,73 @@
+"""The machine's roofline as the benches see it: read bandwidth and bf16 GEMM throughput.
+
+Decode speed is bounded by how fast weights are read, prefill by matmul throughput, so every
+result file records both, measured the same way, to tell a slower machine from a slower engine.
+`measure_roofline()` measures in a child process: the 512 MiB buffer would otherwise raise the
+calling bench's peak RSS (ru_maxrss), which the benches report.
+
+Run alone: .venv/bin/python -m bench.roofline (prints the JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+THREADS = 2  # the benches' default thread count, so the numbers bound what they can reach
+READ_BYTES = 512 << 20
+GEMM_N = 2048
+REPEATS = 5
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
+    fn()  # warm-up: page faults, kernel selection
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _read_seconds(torch: ModuleType) -> float:
+    x = torch.ones(READ_BYTES // 4, dtype=torch.float32)  # freed on return
+    return _best_seconds(lambda: x.sum())
+
+
+def _gemm_seconds(torch: ModuleType) -> float:
+    a, b = (torch.randn(GEMM_N, GEMM_N).to(torch.bfloat16) for _ in range(2))
+    return _best_seconds(lambda: torch.mm(a, b))
+
+
+def _measure() -> dict:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    read_s, gemm_s = _read_seconds(torch), _gemm_seconds(torch)
+    return {"threads": THREADS,
+            "read_gb_s": round(READ_BYTES / read_s / 1e9, 2),
+            "read_method": f"torch.sum over {READ_BYTES >> 20} MiB float32, best of {REPEATS}",
+            "bf16_gemm_tflop_s": round(2 * GEMM_N**3 / gemm_s / 1e12, 3),
+            "gemm_method": f"torch.mm bf16 [{GEMM_N},{GEMM_N}]x[{GEMM_N},{GEMM_N}], "
+                           f"best of {REPEATS}",
+            "torch": torch.__version__}
+
+
+def measure_roofline() -> dict:
+    """Read GB/s and bf16 GEMM TFLOP/s on THREADS threads, measured in a child process."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run([sys.executable, "-m", "bench.roofline"], cwd=root, check=True,
+                             capture_output=True, text=True, timeout=300)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return {"available": False, "note": f"roofline measurement failed: {exc!r}"}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_measure()))

@@ -1,0 +1,169 @@
+"""The benches' llama.cpp peers: GGUF variant rewrites, best-of-variants ratios, serve ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+
+from bench.engine_report import TARGETS, compute_ratios
+from bench.gguf_variants import SHIPPED, bf16_max_error, ensure_variants
+from bench.peers import best_of
+from bench.serve import versus
+from bench.serve_peer import RequestTrace, llama_bodies, summarise
+
+TOKENS = ["<unk>", "<s>", "</s>", "hello", "world"]
+
+
+def _tiny_gguf(path: Path) -> Path:
+    """A Q4_1 model in miniature: a Q4_1 and a Q8_0 matrix, an F32 norm, tokenizer arrays."""
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_Q4_1))
+    writer.add_uint32("llama.block_count", 1)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_bool("tokenizer.ggml.add_bos_token", False)
+    writer.add_array("tokenizer.ggml.tokens", TOKENS)
+    writer.add_array("tokenizer.ggml.token_type", [3, 3, 3, 1, 1])
+    writer.add_string("tokenizer.chat_template", "{% for m in messages %}{{ m }}{% endfor %}")
+    weight = rng.standard_normal((8, 64), dtype=np.float32)
+    writer.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(weight, QType.Q4_1),
+                      raw_dtype=QType.Q4_1)
+    writer.add_tensor("token_embd.weight", gguf.quants.quantize(weight * 2, QType.Q8_0),
+                      raw_dtype=QType.Q8_0)
+    writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _values(path: Path) -> dict:
+    return {k: f.contents() for k, f in gguf.GGUFReader(path).fields.items()}
+
+
+def test_variants_copy_metadata_and_reencode_weights(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEFIRE_PEERS", str(tmp_path / "peers"))
+    source = _tiny_gguf(tmp_path / "tiny.Q4_1.gguf")
+    paths = ensure_variants(source, [SHIPPED, "q8_0", "bf16"])
+    assert paths[SHIPPED] == source
+    assert all(p.parent == tmp_path / "peers" / "gguf" for n, p in paths.items() if n != SHIPPED)
+    before = _values(source)
+    for name, file_type in (("q8_0", gguf.LlamaFileType.MOSTLY_Q8_0),
+                            ("bf16", gguf.LlamaFileType.MOSTLY_BF16)):
+        after = _values(paths[name])
+        assert after.pop("general.file_type") == file_type
+        assert after == {k: v for k, v in before.items() if k != "general.file_type"}
+        types = {t.name: QType(t.tensor_type) for t in gguf.GGUFReader(paths[name]).tensors}
+        matrix = QType.Q8_0 if name == "q8_0" else QType.BF16
+        assert types == {"blk.0.ffn_up.weight": matrix, "token_embd.weight": matrix,
+                         "blk.0.attn_norm.weight": QType.F32}
+    assert bf16_max_error(source, paths["bf16"]) == 0.0
+    src = {t.name: t for t in gguf.GGUFReader(source).tensors}
+    q8 = {t.name: t for t in gguf.GGUFReader(paths["q8_0"]).tensors}
+    # Already Q8_0: copied bit for bit; Q4_1: re-encoded within Q8_0's step.
+    assert np.array_equal(q8["token_embd.weight"].data, src["token_embd.weight"].data)
+    want = gguf.quants.dequantize(src["blk.0.ffn_up.weight"].data, QType.Q4_1)
+    got = gguf.quants.dequantize(q8["blk.0.ffn_up.weight"].data, QType.Q8_0)
+    assert np.abs(got - want).max() <= np.abs(want).max() / 127
+    # A second call reuses the cached files.
+    stamp = paths["bf16"].stat().st_mtime_ns
+    assert ensure_variants(source, ["bf16"])["bf16"].stat().st_mtime_ns == stamp
+
+
+def test_bf16_check_catches_a_wrong_rounding(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEFIRE_PEERS", str(tmp_path / "peers"))
+    source = _tiny_gguf(tmp_path / "tiny.Q4_1.gguf")
+    bf16 = ensure_variants(source, ["bf16"])["bf16"]
+    reader = gguf.GGUFReader(bf16, "r+")  # memory-mapped for writing
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
+    tensor.data.view(np.uint16)[0, 0] ^= 1  # one bf16 ulp off
+    reader.data.flush()
+    assert bf16_max_error(source, bf16) > 0
+
+
+def test_unknown_variant_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="q2_k"):
+        ensure_variants(tmp_path / "x.gguf", ["q2_k"])
+
+
+def _variant(single_tg: float, c32_out: float, c32_tg: float, c32_pp: float) -> dict:
+    return {"available": True,
+            "single": {"decode_tok_s": single_tg, "prefill_tok_s": 10 * single_tg},
+            "batched": {"1": {"output_tok_s": single_tg, "decode_tok_s": single_tg,
+                              "prefill_tok_s": 10 * single_tg},
+                        "32": {"output_tok_s": c32_out, "decode_tok_s": c32_tg,
+                               "prefill_tok_s": c32_pp}}}
+
+
+def _llama() -> dict:
+    variants = {"q4_1": _variant(60.0, 300.0, 420.0, 900.0),
+                "q8_0": _variant(75.0, 320.0, 400.0, 1200.0),
+                "bf16": _variant(50.0, 280.0, 380.0, 1500.0)}
+    return {"available": True, "variants": variants, "best": best_of(variants)}
+
+
+def test_best_of_takes_each_metrics_fastest_variant() -> None:
+    best = _llama()["best"]
+    assert best["single"]["decode_tok_s"] == {"value": 75.0, "variant": "q8_0"}
+    assert best["batched"]["32"]["output_tok_s"] == {"value": 320.0, "variant": "q8_0"}
+    assert best["batched"]["32"]["decode_tok_s"] == {"value": 420.0, "variant": "q4_1"}
+    assert best["batched"]["32"]["prefill_tok_s"] == {"value": 1500.0, "variant": "bf16"}
+    assert list(best["batched"]) == ["1", "32"]
+    assert best_of({})["single"]["decode_tok_s"] == {"value": None, "variant": None}
+
+
+def test_ratios_are_against_the_best_variant_and_name_it() -> None:
+    ef = {"1": {"per_request_decode_tok_s": 90.0, "prefill_tok_s": 700.0},
+          "32": {"output_tok_s": 640.0, "decode_tok_s": 840.0, "prefill_tok_s": 2100.0}}
+    result = {"edgefire": {"per_concurrency": ef}, "hf": {"available": False},
+              "llama_cpp": _llama()}
+    ratios, targets = compute_ratios(result, 32)
+    assert ratios["single_decode_vs_llama_cpp"] == 1.2
+    assert ratios["batch_vs_llama_cpp"] == 2.0
+    assert ratios["batch_decode_vs_llama_cpp"] == 2.0
+    assert ratios["prefill_vs_llama_cpp"] == 1.4
+    assert ratios["batch_vs_hf"] is None
+    assert ratios["vs_llama_cpp"]["prefill_vs_llama_cpp"] == {
+        "edgefire": 2100.0, "llama_cpp": 1500.0, "llama_cpp_variant": "bf16"}
+    assert set(targets) == set(TARGETS)
+    assert targets["prefill_vs_llama_cpp"] == {"target": 1.5, "ratio": 1.4, "met": False,
+                                               "llama_cpp_variant": "bf16"}
+    assert targets["batch_decode_vs_llama_cpp"]["llama_cpp_variant"] == "q4_1"
+    assert targets["single_decode_vs_llama_cpp"]["met"] is True
+
+
+def test_llama_server_gets_the_nodes_prompt_and_token_count() -> None:
+    payloads = [{"prompt": "a", "max_tokens": 40, "temperature": 0.7, "seed": 5},
+                {"prompt": "b", "max_tokens": 50, "temperature": 0.7, "seed": 6}]
+    done = RequestTrace(sent=0.0, completion_tokens=31, ok=True)
+    failed = RequestTrace(sent=0.0)
+    bodies = llama_bodies(payloads, [[1, 2], [3]], [done, failed])
+    assert [b["prompt"] for b in bodies] == [[1, 2], [3]]
+    assert [b["n_predict"] for b in bodies] == [31, 50]  # the node's count, else max_tokens
+    assert all(b["ignore_eos"] and b["stream"] for b in bodies)
+    assert [b["seed"] for b in bodies] == [5, 6]
+
+
+def test_serve_ratios_per_client_count() -> None:
+    ours = summarise(4, [RequestTrace(0.0, [0.5, 0.6, 0.7], 3, True)], 1.0, 1.0)
+    theirs = summarise(4, [RequestTrace(0.0, [0.25, 0.45, 0.65], 3, True)], 2.0, 1.5)
+    vs = versus([ours], {"levels": [theirs]})
+    assert vs["4"]["output_tok_s"] == 2.0
+    assert vs["4"]["itl_p99_ms"] == 0.5
+    assert vs["4"]["ttft_p99_ms"] == 2.0
+    assert vs["4"]["output_tokens"] == [3, 3]
+    assert versus([ours], {"available": False}) == {}
+
+
+def test_bf16_reference_rounds_to_nearest_even() -> None:
+    # The check's reference is torch's rounding; pin it, since the check relies on it.
+    x = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8], dtype=torch.float32)
+    assert x.to(torch.bfloat16).float().tolist() == [1.0, 1.0 + 2**-6]
