@@ -53,6 +53,28 @@ def test_native_decode_kernel_matches_dense(dtype):
     torch.testing.assert_close(out, _reference(cache, lens, tables, q), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("head_dim", "group"), [(64, 1), (64, 3), (64, 8), (128, 2), (64, 9)])
+def test_native_decode_kernel_register_tiled_shapes(dtype, head_dim, group):
+    # head_dim 64/128 with up to 8 queries per KV head take the register-tiled task (group 9
+    # the generic loop); lengths cross its 4-key and 16-key tiles and the 16-token blocks.
+    kernel = paged_decode_kernel()
+    if kernel is None:
+        pytest.skip("no C++ compiler for the native kernel")
+    g = torch.Generator().manual_seed(head_dim + group)
+    kv_heads, block, blocks = 2, 16, 12
+    cache = torch.randn(2, kv_heads, blocks, block, head_dim, generator=g).to(dtype)
+    lens = torch.tensor([1, 3, 16, 17, 34, 61])
+    tables = torch.stack([torch.randperm(blocks, generator=g)[:4] for _ in lens])
+    q = torch.randn(len(lens), kv_heads * group, head_dim, generator=g)
+    out = kernel.paged_decode(q, cache[0].contiguous(), cache[1].contiguous(), tables, lens,
+                              head_dim**-0.5)
+    for s, n in enumerate(lens.tolist()):
+        kv = cache[:, :, tables[s]].reshape(2, kv_heads, -1, head_dim)[:, :, :n].float()
+        expected = _dense(q[s], kv[0], kv[1])
+        torch.testing.assert_close(out[s], expected, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_backend_decode_paths_agree(native):
     cache, lens, tables, q = _decode_case(torch.float32, seed=1)

@@ -16,26 +16,19 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "../simd.h"
 
 namespace edgefire::fused {
 
 constexpr int64_t kTileRows = 4;  // weight rows per tile
 constexpr int64_t kChunk = 32;    // K must be a multiple: one dot-product instruction's width
 
+#if defined(__AVX512F__)
+using edgefire::simd::reduce4;
+#endif
+
 #if defined(__AVX512BF16__)
 constexpr bool kNativeDot = true;
-
-inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  auto fold = [](__m512 v) {
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  };
-  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold(a0), fold(a1)),
-                                  _mm256_hadd_ps(fold(a2), fold(a3)));
-  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
 
 // Rows [n0, n0 + 4) of the weight against MB rows of x.
 template <int MB>
