@@ -141,11 +141,30 @@ def run_edgefire(llm: LLM, workloads: dict[int, list[list[int]]], max_new: int,
         # Same lengths, different text: the prefix cache must not serve the main run.
         prefill_prompts = make_prompts(encode, [len(p) for p in prompts], seed + 1, f"pf{c}")
         prefill = drive(llm, prefill_prompts, 1, f"prefill-c{c}")
+        spec = llm.engine.speculator
+        before = (spec.num_steps, spec.num_proposed, spec.num_accepted)
         trace = drive(llm, prompts, max_new, f"run-c{c}")
         per_c[str(c)] = summarize(trace, prefill, prompts, sum(map(len, prefill_prompts)))
+        steps, proposed, accepted = (now - was for now, was in zip(
+            (spec.num_steps, spec.num_proposed, spec.num_accepted), before, strict=True))
+        per_c[str(c)]["speculative"] = {
+            "mode": spec.config.mode, "verify_steps": steps, "proposed": proposed,
+            "accepted": accepted, "acceptance": round(accepted / proposed, 3) if proposed else None}
         row = per_c[str(c)]
         log(f"edgefire C={c}: out {row['output_tok_s']} tok/s, prefill {row['prefill_tok_s']} "
-            f"tok/s, TTFT {row['ttft_ms']} ms, ITL {row['itl_ms']} ms")
+            f"tok/s, TTFT {row['ttft_ms']} ms, ITL {row['itl_ms']} ms, "
+            f"drafts {row['speculative']}")
+    if "1" in per_c and llm.engine.speculator.config.mode != "off":
+        # The same single stream without drafts: plain decode speed, and what drafts add.
+        llm.engine.speculator.config.mode = "off"
+        try:
+            plain = drive(llm, workloads[1], max_new, "run-c1-plain")
+        finally:
+            llm.engine.speculator.config.mode = "ngram"
+        row = summarize(plain, plain, workloads[1], 0)
+        per_c["1"]["without_speculation"] = {
+            key: row[key] for key in ("output_tok_s", "per_request_decode_tok_s", "itl_ms")}
+        log(f"edgefire C=1 without drafts: {per_c['1']['without_speculation']}")
     return per_c
 
 

@@ -10,7 +10,9 @@ from bench._common import markdown_table, ratio
 
 # Each against llama.cpp's best variant for that metric; the batched ones at the reference
 # concurrency (32): output tok/s incl. prefill, decode only (S_TG), prefill only (S_PP).
-# Single-stream decode is edgefire on its lossless (dense) weights against llama.cpp's best.
+# Single-stream decode is edgefire on its lossless (dense) weights against llama.cpp's best
+# (llama-bench tg, which has no speculative decoding), with the engine's default n-gram drafts;
+# single_decode_no_drafts_vs_llama_cpp is the same stream with them off.
 TARGETS = {"single_decode_vs_llama_cpp": 1.0, "batch_vs_llama_cpp": 2.0,
            "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5}
 
@@ -38,6 +40,9 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
     # ratio name: (edgefire's figure, llama.cpp's best for the same metric)
     pairs = {
         "single_decode_vs_llama_cpp": (_get(ef, "1", "per_request_decode_tok_s"), single_tg),
+        # the same stream with speculative drafts off: the plain decode step's speed
+        "single_decode_no_drafts_vs_llama_cpp": (
+            _get(ef, "1", "without_speculation", "per_request_decode_tok_s"), single_tg),
         "batch_vs_llama_cpp": (_get(ef, ref, "output_tok_s"),
                                _best(ll, "batched", ref, "output_tok_s")),
         "batch_decode_vs_llama_cpp": (_get(ef, ref, "decode_tok_s"),
