@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from bench._common import log, machine_info, markdown_table, write_results
 from bench.roofline import measure_roofline
-from edgefire.models.fused import fused_kernels
+from edgefire.models.fused import fused_kernels, weight_form
+from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -44,26 +45,44 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
     return min(runs)
 
 
+def _forms(w: torch.Tensor) -> dict[str, tuple[list[torch.Tensor], Callable]]:
+    """Per weight form: the tensors the fused step reads, and torch's own matmul for the same
+    form (oneDNN BF16; torch's INT8 and INT4 weight-only kernels, as the quant plugin uses)."""
+    int8 = Int8Linear.quantize(w)
+    int4 = Int4Linear.quantize(w, 32, use_kernel=False)
+    int4_torch = Int4Linear.quantize(w, 32, use_kernel=HAS_INT4_KERNEL)
+    bf16 = w.bfloat16()
+    return {"bf16": ([bf16], lambda x: F.linear(x, bf16)),
+            "int8": (weight_form(int8), int8.linear),
+            "int4": (weight_form(int4), int4_torch.linear)}
+
+
 def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
-    """GB/s of weight read per shape and row count, streamed from memory (STREAM_BYTES)."""
+    """GB/s of weight read per shape, form and row count, streamed from memory (STREAM_BYTES
+    of copies; bytes counted as each form holds them, scales included)."""
     kernel = fused_kernels()
     out: dict[str, dict] = {}
     for name, (n, k) in SHAPES.items():
-        copies = -(-STREAM_BYTES // (n * k * 2))
-        weights = [torch.randn(n, k).bfloat16() for _ in range(copies)]
-        nbytes = sum(w.nbytes for w in weights)
-        out[name] = {"shape": [n, k], "copies": copies, "per_rows": {}}
-        for rows in rows_list:
-            x = torch.randn(rows, k).bfloat16()
-            native = best_seconds(lambda x=x, ws=weights: [kernel.linear(x, w) for w in ws], reps)
-            dense = best_seconds(lambda x=x, ws=weights: [F.linear(x, w) for w in ws], reps)
-            out[name]["per_rows"][str(rows)] = {
-                "native_gb_s": round(nbytes / native / 1e9, 2),
-                "torch_gb_s": round(nbytes / dense / 1e9, 2),
-                "native_vs_torch": round(dense / native, 3)}
-        log(f"{name} {n}x{k}: " + ", ".join(
-            f"M={r} {v['native_gb_s']} vs {v['torch_gb_s']} GB/s"
-            for r, v in out[name]["per_rows"].items()))
+        out[name] = {"shape": [n, k], "forms": {}}
+        for form, (tensors, peer) in _forms(torch.randn(n, k) * 0.05).items():
+            nbytes = sum(x.nbytes for x in tensors)
+            copies = -(-STREAM_BYTES // nbytes)
+            native_copies = [[x.clone() for x in tensors] for _ in range(copies)]
+            # torch's form is the same weight: its bytes stream the same way when cycled
+            per_rows = {}
+            for rows in rows_list:
+                x = torch.randn(rows, k).bfloat16()
+                native = best_seconds(
+                    lambda x=x, cs=native_copies: [kernel.linear(x, c) for c in cs], reps)
+                dense = best_seconds(
+                    lambda x=x, f=peer, c=copies: [f(x) for _ in range(c)], reps)
+                per_rows[str(rows)] = {"native_gb_s": round(copies * nbytes / native / 1e9, 2),
+                                       "torch_gb_s": round(copies * nbytes / dense / 1e9, 2),
+                                       "native_vs_torch": round(dense / native, 3)}
+            out[name]["forms"][form] = {"bytes": nbytes, "copies": copies, "per_rows": per_rows}
+            log(f"{name} {n}x{k} {form}: " + ", ".join(
+                f"M={r} {v['native_gb_s']} vs {v['torch_gb_s']} GB/s" for r, v in per_rows.items()))
+            del native_copies
     return out
 
 
@@ -119,10 +138,12 @@ def render(result: dict) -> str:
     bw = result["roofline"]["read_gb_s"]
     rows = []
     for name, shape in result["shapes"].items():
-        for r, v in shape["per_rows"].items():
-            rows.append([name, "x".join(map(str, shape["shape"])), r, v["native_gb_s"],
-                         f"{v['native_gb_s'] / bw:.0%}", v["torch_gb_s"], v["native_vs_torch"]])
-    shapes = markdown_table(["weight", "shape", "rows", "native GB/s", "of read bw",
+        for form, entry in shape["forms"].items():
+            for r, v in entry["per_rows"].items():
+                rows.append([name, "x".join(map(str, shape["shape"])), form, r,
+                             v["native_gb_s"], f"{v['native_gb_s'] / bw:.0%}", v["torch_gb_s"],
+                             v["native_vs_torch"]])
+    shapes = markdown_table(["weight", "shape", "form", "rows", "native GB/s", "of read bw",
                              "torch GB/s", "native/torch"], rows)
     weight_mb = result["weight_bytes"] / 1e6
     steps = markdown_table(
@@ -130,9 +151,11 @@ def render(result: dict) -> str:
         [[("fused" if s["fused"] else "torch"), s["rows"], s["step_ms"], s["model_ms"],
           s["host_overhead_us"], s["tok_s"], round(weight_mb / s["model_ms"], 1)]
          for s in result["steps"].values()])
-    return (f"# Decode kernels (SmolLM2-135M shapes, BF16)\n\nMachine: measured read bandwidth "
-            f"{bw} GB/s, BF16 GEMM {result['roofline']['bf16_gemm_tflop_s']} TFLOP/s.\n\n"
-            f"{shapes}\n## Decode step\n\n{steps}")
+    return (f"# Decode kernels (SmolLM2-135M shapes)\n\nMachine: measured read bandwidth "
+            f"{bw} GB/s, BF16 GEMM {result['roofline']['bf16_gemm_tflop_s']} TFLOP/s. "
+            f"torch: oneDNN BF16 matmul, torch's INT8/INT4 weight-only kernels; weights "
+            f"streamed from memory.\n\n{shapes}\n## BF16 decode step (SmolLM2, weights "
+            f"{weight_mb:.0f} MB)\n\n{steps}")
 
 
 def main() -> None:

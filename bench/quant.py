@@ -48,7 +48,8 @@ def projection_bytes(model) -> int:
 
 def decode_rate(lm, batch: int) -> float:
     """Generated tokens per second over the steps after the one that prefills every prompt."""
-    engine = create_engine(lm, EngineConfig(dtype="bfloat16"))
+    # Drafts off: the plain decode step of each weight form (bench/engine.py measures drafts).
+    engine = create_engine(lm, EngineConfig(dtype="bfloat16", speculative="off"))
     prompts = make_prompts(lm.tokenizer.encode, [PROMPT_TOKENS] * batch, seed=batch, tag="q")
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from edgefire.models.attention import AttentionMetadata
-from edgefire.models.fused import MAX_ROWS, fused_kernels
+from edgefire.models.fused import MAX_ROWS, fused_kernels, weight_form
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
-from edgefire.plugins.quant.linear import Int8Linear
+from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 
 CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=3,
                      num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
@@ -84,12 +84,26 @@ def test_fused_step_matches_float32_torch_path(kernel, rows):
                                atol=1e-4, rtol=1e-5)
 
 
-def test_fused_step_reads_int8_projections(kernel):
+QUANTIZERS = {
+    "int8": Int8Linear.quantize,
+    "int4": lambda w: Int4Linear.quantize(w, 32, use_kernel=False),
+    # torch's INT4 packing is opaque: the fused step reads the integers back out of it
+    "int4-torch-packed": lambda w: Int4Linear.quantize(w, 32, use_kernel=True),
+}
+
+
+@pytest.mark.parametrize("form", list(QUANTIZERS))
+def test_fused_step_reads_quantized_projections(kernel, form):
+    if form == "int4-torch-packed" and not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
+    quantize = QUANTIZERS[form]
     fused, cache, ids, positions, meta = _case(3, torch.bfloat16)
-    fused.make_resident(Int8Linear.quantize, "int8")
+    fused.make_resident(quantize, form)
     assert fused._fused_step() is not None
-    # The reference multiplies by the dequantized weights, in float32.
-    dequantized = {name: (Int8Linear.quantize(w).dequantize()
+    # The reference multiplies by the dequantized weights, in float32 (torch's INT4 packing
+    # dequantizes only through its BF16 kernel: the plain packing's exact values instead).
+    exact = QUANTIZERS["int4" if form.startswith("int4") else form]
+    dequantized = {name: (exact(w).dequantize()
                           if name.rsplit(".", 1)[-1] in PROJECTIONS else w)
                    for name, w in _weights().items()}
     ref, ref_cache, *_ = _case(3, torch.float32, dequantized)
@@ -97,6 +111,15 @@ def test_fused_step_reads_int8_projections(kernel):
     expected = ref.forward(ids, positions, meta, ref_cache, torch.float32)
     torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
     torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.03, rtol=0.02)
+
+
+def test_int4_integers_read_back_from_torch_packing_exactly():
+    if not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
+    packed, plain = Int4Linear.quantize(w, 32, True), Int4Linear.quantize(w, 32, False)
+    for got, want in zip(packed.int4_groupwise(), plain.int4_groupwise(), strict=True):
+        assert torch.equal(got, want)
 
 
 def test_fused_step_writes_only_the_new_tokens_slots(kernel):
@@ -113,8 +136,19 @@ def test_linear_matches_a_float_matmul(kernel):
     w = torch.randn(36, 96, generator=g).bfloat16()
     for rows in range(1, 10):  # whole tiles of four rows and every remainder
         x = torch.randn(rows, 96, generator=g).bfloat16()
-        torch.testing.assert_close(kernel.linear(x, w), x.float() @ w.float().T,
+        torch.testing.assert_close(kernel.linear(x, [w]), x.float() @ w.float().T,
                                    atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(36, 128, generator=g)
+    quantized = QUANTIZERS[form](w)
+    for rows in range(1, 10):
+        x = torch.randn(rows, 128, generator=g).bfloat16()
+        torch.testing.assert_close(kernel.linear(x, weight_form(quantized)),
+                                   x.float() @ quantized.dequantize().T, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["prefill", "too_many_rows", "row_block", "float32"])

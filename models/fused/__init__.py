@@ -1,5 +1,10 @@
 """Native fused decode steps: a whole decode step's layers in one call (llama_decode.cpp)."""
 
-from edgefire.models.fused.llama_decode import MAX_ROWS, FusedLlamaDecode, fused_kernels
+from edgefire.models.fused.llama_decode import (
+    MAX_ROWS,
+    FusedLlamaDecode,
+    fused_kernels,
+    weight_form,
+)
 
-__all__ = ["MAX_ROWS", "FusedLlamaDecode", "fused_kernels"]
+__all__ = ["MAX_ROWS", "FusedLlamaDecode", "fused_kernels", "weight_form"]

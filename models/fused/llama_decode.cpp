@@ -32,42 +32,61 @@ void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, const char
               name, ": expected a contiguous bfloat16 [", rows, ", ", cols, "] weight");
 }
 
-// One projection's weight: BF16 [n, k], or INT8 [n, k] with float32 scales [n] (per row).
+// One projection's weight, in one of three forms: {BF16 [n, k]}; {INT8 [n, k], float32 row
+// scales [n]}; {INT4 nibbles [n, k / 2], float32 group scales and offsets [n, k / group]}.
 struct Proj {
-  torch::Tensor w, scales;
+  torch::Tensor w, scales, offsets;
+  int64_t group = 0;
 
-  Proj(torch::Tensor weight, torch::Tensor row_scales, int64_t rows, int64_t cols,
-       const char* name)
-      : w(std::move(weight)), scales(std::move(row_scales)) {
-    if (scales.numel() == 0) {
+  Proj(const std::vector<torch::Tensor>& form, int64_t rows, int64_t cols, const char* name) {
+    TORCH_CHECK(!form.empty() && form.size() <= 3, name, ": one to three tensors per weight");
+    w = form[0];
+    if (form.size() == 1) {
       check_weight(w, rows, cols, name);
       return;
     }
-    TORCH_CHECK(w.scalar_type() == torch::kChar && w.is_contiguous() && w.dim() == 2 &&
-                    w.size(0) == rows && w.size(1) == cols && scales.numel() == rows &&
-                    scales.scalar_type() == torch::kFloat32 && scales.is_contiguous(),
-                name, ": expected a bfloat16 weight, or int8 with float32 row scales");
-  }
-
-  // out [m, n] = x [m, k] @ w^T; xf: room for x widened to float32 (INT8 weights).
-  void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf, float* out) const {
-    const int64_t n = w.size(0), k = w.size(1);
-    if (scales.numel() == 0) {
-      gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
+    scales = form[1];
+    const bool int4 = form.size() == 3;
+    TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.size(0) == rows &&
+                    w.size(1) == (int4 ? cols / 2 : cols) &&
+                    w.scalar_type() == (int4 ? torch::kByte : torch::kChar),
+                name, ": expected an int8 [rows, cols] or packed int4 [rows, cols / 2] weight");
+    TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
+                    scales.size(0) == rows, name, ": float32 scales, one row per output");
+    if (!int4) {
+      TORCH_CHECK(scales.numel() == rows, name, ": one scale per row");
       return;
     }
-    for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
-    gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), scales.data_ptr<float>(), n, out);
+    offsets = form[2];
+    TORCH_CHECK(scales.dim() == 2 && offsets.sizes() == scales.sizes() &&
+                    offsets.scalar_type() == torch::kFloat32 && offsets.is_contiguous() &&
+                    cols % scales.size(1) == 0,
+                name, ": int4 scales and offsets [rows, groups]");
+    group = cols / scales.size(1);
+    TORCH_CHECK(group % edgefire::fused::kChunk == 0, name, ": int4 groups of 32 or more");
+  }
+
+  // out [m, n] = x [m, k] @ w^T; xf, xsum: room for x widened (and its int4 group sums).
+  void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf,
+             std::vector<float>& xsum, float* out) const {
+    const int64_t n = w.size(0), k = offsets.defined() ? w.size(1) * 2 : w.size(1);
+    if (!scales.defined()) {
+      gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
+    } else if (!offsets.defined()) {
+      for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
+      gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), scales.data_ptr<float>(), n, out);
+    } else {
+      edgefire::fused::arrange_int4(x.data(), m, k, group, xf.data(), xsum.data());
+      edgefire::fused::gemv_int4(xf.data(), xsum.data(), m, k, group, w.data_ptr<uint8_t>(),
+                                 scales.data_ptr<float>(), offsets.data_ptr<float>(), n, out);
+    }
   }
 };
 
-std::vector<Proj> projections(const std::vector<torch::Tensor>& weights,
-                              const std::vector<torch::Tensor>& scales, int64_t rows,
-                              int64_t cols, const char* name) {
-  TORCH_CHECK(weights.size() == scales.size(), name, ": one scales tensor per weight");
+std::vector<Proj> projections(const std::vector<std::vector<torch::Tensor>>& forms,
+                              int64_t rows, int64_t cols, const char* name) {
   std::vector<Proj> out;
-  for (size_t l = 0; l < weights.size(); ++l)
-    out.emplace_back(weights[l], scales[l], rows, cols, name);
+  for (const auto& form : forms) out.emplace_back(form, rows, cols, name);
   return out;
 }
 
@@ -94,13 +113,13 @@ void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 
 class LlamaDecode {
  public:
-  // Each projection list holds one weight per layer, with its scales list beside it (empty
-  // tensors for BF16 weights).
+  // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
+  // tensors.
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps,
               torch::Tensor embed, std::vector<torch::Tensor> attn_norm,
-              std::vector<torch::Tensor> mlp_norm, std::vector<std::vector<torch::Tensor>> w,
-              std::vector<std::vector<torch::Tensor>> scales, torch::Tensor final_norm,
-              torch::Tensor cos, torch::Tensor sin)
+              std::vector<torch::Tensor> mlp_norm,
+              std::vector<std::vector<std::vector<torch::Tensor>>> forms,
+              torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
         hidden_(embed.size(1)), inter_(inter), embed_(embed), attn_norm_(std::move(attn_norm)),
         mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin) {
@@ -108,15 +127,15 @@ class LlamaDecode {
     TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
                 "hidden and intermediate sizes must be multiples of 32");
     TORCH_CHECK(head_dim % edgefire::attention::kLanes == 0, "head_dim: a multiple of 16");
-    TORCH_CHECK(w.size() == 4 && scales.size() == 4, "weights: qkv, o, gate_up, down");
+    TORCH_CHECK(forms.size() == 4, "weights: qkv, o, gate_up, down");
     check_weight(embed, embed.size(0), hidden_, "embed");
     TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
                     cos.size(1) == head_dim && sin.sizes() == cos.sizes(),
                 "rotary tables: contiguous float32 [positions, head_dim]");
-    qkv_ = projections(w[0], scales[0], q + 2 * kv, hidden_, "qkv");
-    o_ = projections(w[1], scales[1], hidden_, q, "o");
-    gate_up_ = projections(w[2], scales[2], 2 * inter_, hidden_, "gate_up");
-    down_ = projections(w[3], scales[3], hidden_, inter_, "down");
+    qkv_ = projections(forms[0], q + 2 * kv, hidden_, "qkv");
+    o_ = projections(forms[1], hidden_, q, "o");
+    gate_up_ = projections(forms[2], 2 * inter_, hidden_, "gate_up");
+    down_ = projections(forms[3], hidden_, inter_, "down");
     const size_t layers = qkv_.size();
     TORCH_CHECK(o_.size() == layers && gate_up_.size() == layers && down_.size() == layers &&
                     attn_norm_.size() == layers && mlp_norm_.size() == layers,
@@ -157,7 +176,7 @@ class LlamaDecode {
     std::vector<float> h(m * h_size), proj(m * std::max({qkv_size, 2 * inter_, h_size}));
     std::vector<float> q(m * q_size), attn(m * q_size);
     std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
-    std::vector<float> xf(x.size());
+    std::vector<float> xf(x.size()), xsum(x.size());
     const bf16* table = embed_.data_ptr<bf16>();
     for (int64_t r = 0; r < m; ++r)
       for (int64_t i = 0; i < h_size; ++i) h[r * h_size + i] = static_cast<float>(table[id[r] * h_size + i]);
@@ -171,7 +190,7 @@ class LlamaDecode {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
       rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      qkv_[l].apply(x, m, xf, proj.data());
+      qkv_[l].apply(x, m, xf, xsum, proj.data());
       for (int64_t r = 0; r < m; ++r) {
         float* row = proj.data() + r * qkv_size;
         const float* c = cos_.data_ptr<float>() + pos[r] * hd;
@@ -193,16 +212,16 @@ class LlamaDecode {
           q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
           attn.data(), m, heads_, kv_heads_, blocks, block_size, hd, tables.size(1), scale);
       for (int64_t i = 0; i < m * q_size; ++i) x[i] = bf16(attn[i]);
-      o_[l].apply(x, m, xf, proj.data());
+      o_[l].apply(x, m, xf, xsum, proj.data());
       add_residual();
       rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gate_up_[l].apply(x, m, xf, proj.data());
+      gate_up_[l].apply(x, m, xf, xsum, proj.data());
       for (int64_t r = 0; r < m; ++r)
         for (int64_t i = 0; i < inter_; ++i) {
           const float g = proj[r * 2 * inter_ + i], u = proj[r * 2 * inter_ + inter_ + i];
           x[r * inter_ + i] = bf16(g / (1.f + std::exp(-g)) * u);
         }
-      down_[l].apply(x, m, xf, proj.data());
+      down_[l].apply(x, m, xf, xsum, proj.data());
       add_residual();
     }
     auto out = torch::empty({m, h_size}, embed_.options());
@@ -220,15 +239,20 @@ class LlamaDecode {
   torch::Tensor final_norm_, cos_, sin_;
 };
 
-// x [m, k] bfloat16 @ w [n, k]^T bfloat16 -> [m, n] float32 (the LM head's logits).
-torch::Tensor linear(torch::Tensor x, torch::Tensor w) {
+// x [m, k] bfloat16 @ one weight in any of Proj's forms -> [m, n] float32: the LM head's
+// logits, and each form's matmul alone for tests and bench/kernels.py.
+torch::Tensor linear(torch::Tensor x, std::vector<torch::Tensor> form) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
               "x: contiguous bfloat16 [m, k]");
-  check_weight(w, w.size(0), x.size(1), "w");
-  TORCH_CHECK(w.size(0) % edgefire::fused::kTileRows == 0 &&
-                  x.size(1) % edgefire::fused::kChunk == 0, "w: rows % 4 == 0, k % 32 == 0");
-  auto out = torch::empty({x.size(0), w.size(0)}, x.options().dtype(torch::kFloat32));
-  gemv_bf16(bits(x), x.size(0), x.size(1), bits(w), w.size(0), out.data_ptr<float>());
+  TORCH_CHECK(!form.empty() && form[0].dim() == 2, "form: the weight first");
+  const int64_t m = x.size(0), k = x.size(1), n = form[0].size(0);
+  TORCH_CHECK(n % edgefire::fused::kTileRows == 0 && k % edgefire::fused::kChunk == 0,
+              "weight rows % 4 == 0, k % 32 == 0");
+  const Proj proj(form, n, k, "w");
+  std::vector<bf16> rows(x.data_ptr<bf16>(), x.data_ptr<bf16>() + m * k);
+  std::vector<float> xf(m * k), xsum(m * k);
+  auto out = torch::empty({m, n}, x.options().dtype(torch::kFloat32));
+  proj.apply(rows, m, xf, xsum, out.data_ptr<float>());
   return out;
 }
 
@@ -240,8 +264,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, double, torch::Tensor,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                          std::vector<std::vector<torch::Tensor>>,
-                          std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor,
-                          torch::Tensor>())
+                          std::vector<std::vector<std::vector<torch::Tensor>>>, torch::Tensor,
+                          torch::Tensor, torch::Tensor>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -5,7 +5,9 @@ chunk), it has at most MAX_ROWS of them, it computes in BF16 over a BF16 KV cach
 batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed blocks).
 Anything else (prefill, larger batches) runs the torch path, as do models whose projections
 are in a form the step cannot read. It reads BF16 tensors, and resident forms that offer
-`int8_per_channel()`: (INT8 weight [out, in], scales [out]), weight-only quantized per row.
+`int8_per_channel()` -> (INT8 weight [out, in], scales [out]), weight-only quantized per row,
+or `int4_groupwise()` -> (nibbles [out, in / 2], the low one the even column; scales and
+offsets [out, groups]: w = q * scale + offset), weight-only quantized in groups along `in`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class FusedLlamaDecode:
     """A LlamaDecode (llama_decode.cpp) over one model's BF16 weights, which it shares."""
 
     def __init__(self, kernel: Any, config: Any, weights: Any,
-                 forms: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+                 forms: list[list[list[torch.Tensor]]]) -> None:
         c = config
         layers = weights.layers
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
@@ -40,10 +42,11 @@ class FusedLlamaDecode:
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
             weights.embed, [layer.attn_norm for layer in layers],
-            [layer.mlp_norm for layer in layers],
-            [[w for w, _ in per_layer] for per_layer in forms],
-            [[s for _, s in per_layer] for per_layer in forms],
-            weights.final_norm, rotary.cos.contiguous(), rotary.sin.contiguous())
+            [layer.mlp_norm for layer in layers], forms, weights.final_norm,
+            rotary.cos.contiguous(), rotary.sin.contiguous())
+        # What it holds beside the model's own weights (the weight forms' widened scales, the
+        # INT4 nibbles where the model's copy is torch's packing), for weight_bytes.
+        self.tensors = [t for per_layer in forms for form in per_layer for t in form]
 
     @classmethod
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
@@ -55,7 +58,7 @@ class FusedLlamaDecode:
                  *(t for layer in weights.layers for t in (layer.attn_norm, layer.mlp_norm))]
         if not all(_is_bf16(t) for t in dense):
             return None  # a packed embedding table (lossless codecs): via torch
-        forms = [[_form(getattr(layer, name)) for layer in weights.layers]
+        forms = [[weight_form(getattr(layer, name)) for layer in weights.layers]
                  for name in ("qkv", "o", "gate_up", "down")]
         if any(form is None for per_layer in forms for form in per_layer):
             return None  # a projection form it cannot read: its own kernels, via torch
@@ -76,22 +79,21 @@ class FusedLlamaDecode:
                                  meta.decode_block_tables, meta.decode_context_lens, kv_cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.kernel.linear(hidden.contiguous(), self.lm_head)
-
-
-_NO_SCALES = torch.empty(0)
+        return self.kernel.linear(hidden.contiguous(), [self.lm_head])
 
 
 def _is_bf16(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
 
 
-def _form(projection: object) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(weight, float32 row scales) for the kernel; BF16 weights take no scales."""
+def weight_form(projection: object) -> list[torch.Tensor] | None:
+    """The tensors the kernel reads a projection from (llama_decode.cpp's Proj), or None."""
     if _is_bf16(projection):
-        return projection, _NO_SCALES  # type: ignore[return-value]
-    int8 = getattr(projection, "int8_per_channel", None)
-    if int8 is None:
-        return None
-    weight, scales = int8()
-    return weight.contiguous(), scales.float().contiguous()
+        return [projection]  # type: ignore[list-item]
+    if (int8 := getattr(projection, "int8_per_channel", None)) is not None:
+        weight, scales = int8()
+        return [weight.contiguous(), scales.float().contiguous()]
+    if (int4 := getattr(projection, "int4_groupwise", None)) is not None:
+        nibbles, scales, offsets = int4()
+        return [nibbles.contiguous(), scales.float().contiguous(), offsets.float().contiguous()]
+    return None
