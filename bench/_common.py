@@ -166,7 +166,13 @@ def write_results(name: str, result: dict, markdown: str | None = None) -> Path:
     """Write results/<name>.json (and .md); print the JSON as the last line of stdout.
 
     $EDGEFIRE_BENCH_RESULTS names another folder, so smoke runs leave the committed ones be.
+    Every result records the machine's roofline beside it (bench/roofline.py), measured now
+    unless the bench measured it itself.
     """
+    if "roofline" not in result:
+        from bench.roofline import measure_roofline
+
+        result = {**result, "roofline": measure_roofline()}
     folder = Path(os.environ.get("EDGEFIRE_BENCH_RESULTS") or RESULTS_DIR)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
