@@ -62,6 +62,7 @@ bench: setup
 	# zipnn is a peer of the codec bench only.
 	$(PY) -m pip install -q 'zipnn>=0.5'
 	$(PY) -m bench.engine
+	$(PY) -m bench.kernels
 	$(PY) -m bench.startup
 	$(PY) -m bench.serve
 	$(PY) -m bench.gateway

@@ -61,14 +61,15 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]], **params) -> list[list[
 
 
 # Repetitive prompts: the tiny random model falls into loops too, so drafts are accepted.
-PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [40, 41, 42, 40, 41], [9, 9, 9, 9]]
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [40, 41, 42, 40, 41], [9, 9, 9, 9],
+           [70, 71, 70, 71, 70]]
 
 
 def test_greedy_output_is_identical_with_and_without_drafts(tokenizer):
-    # Two sequences with three drafts each fill the fused step's eight rows.
-    off = _greedy(_engine(tokenizer, "off"), PROMPTS[:2], max_tokens=40)
+    # Three sequences with three drafts each fill the fused step's twelve rows.
+    off = _greedy(_engine(tokenizer, "off"), PROMPTS[:3], max_tokens=40)
     engine = _engine(tokenizer, "ngram")
-    on = _greedy(engine, PROMPTS[:2], max_tokens=40)
+    on = _greedy(engine, PROMPTS[:3], max_tokens=40)
     assert on == off
     s = engine.speculator
     assert s.num_steps > 0 and 0 < s.num_accepted <= s.num_proposed
@@ -83,7 +84,7 @@ def test_alone_too_and_max_tokens_is_exact(tokenizer):
 
 def test_no_drafts_when_the_batch_has_no_rows_to_spare(tokenizer):
     engine = _engine(tokenizer, "ngram")
-    _greedy(engine, PROMPTS, max_tokens=10)  # three sequences: 3 x 4 rows > 8
+    _greedy(engine, PROMPTS, max_tokens=10)  # four sequences: 4 x 4 rows > 12
     assert engine.speculator.num_steps == 0
 
 

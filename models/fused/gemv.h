@@ -3,7 +3,7 @@
 // (x in float32): INT8 with one scale per output row, or INT4 in groups along k with a scale
 // and an offset per group. Quantized weights are read at their width and widened in registers.
 //
-// At one to eight rows a projection is a read of its weight: each 32-value chunk of a weight
+// At a few rows a projection is a read of its weight: each 32-value chunk of a weight
 // row is loaded once and multiplied into every x row by one AVX512-BF16 dot-product
 // instruction. Four weight rows per tile keep 4 x 4 accumulators in registers, and the four
 // row sums are reduced together (one horizontal-add tree instead of four). Measured on

@@ -23,9 +23,11 @@ from edgefire.models.rotary import RotaryEmbedding
 
 fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name("llama_decode.cpp"))
 
-# Up to 8 rows the native matmul reads the weights faster than oneDNN's; at 16 it computes
-# slower (bench/kernels.py measures both per row count).
-MAX_ROWS = 8
+# The whole step fused against through torch, SmolLM2 BF16, two threads (ms a step):
+# 8 rows 22.9 vs 35.9, 12 rows 31.6 vs 39.0, 16 rows 41.2 vs 42.7, 24 rows 55.0 vs 50.2. Past
+# a few rows the dot-product matmuls are compute-bound (bench/kernels.py) while oneDNN's GEMM
+# is not, and the host time saved no longer covers it.
+MAX_ROWS = 12
 
 
 class FusedLlamaDecode:
