@@ -4,6 +4,8 @@ take (prefill, large batches, deterministic row blocks) stay on the torch path."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from edgefire.models.attention import AttentionMetadata
 from edgefire.models.fused import MAX_ROWS, fused_kernels, weight_form
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
+from edgefire.plugins.unweight.resident import UnweightLinear
 
 CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=3,
                      num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
@@ -26,9 +29,8 @@ def kernel():
     return built
 
 
-def _weights() -> dict[str, torch.Tensor]:
+def _weights(c: LlamaConfig = CONFIG) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    c = CONFIG
     qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
 
     def rand(*shape, scale=0.2):
@@ -55,15 +57,17 @@ def _decode_meta(tables: list[list[int]], lens: list[int]) -> AttentionMetadata:
     return AttentionMetadata(slots, len(lens), t, n, mask, [])
 
 
-def _case(rows: int, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None = None):
+def _case(rows: int, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None = None,
+          config: LlamaConfig = CONFIG):
     """A model in dtype and a cache already holding each sequence's earlier K/V (random),
     about to decode one token per sequence at lengths 3, 7, 9, ... (12 shuffled blocks each)."""
-    model = LlamaForCausalLM(CONFIG, weights or _weights(), (dtype,), kv_dtype=torch.bfloat16)
+    model = LlamaForCausalLM(config, weights or _weights(config), (dtype,),
+                             kv_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(1)
     cache = torch.randn(model.kv_cache_shape(BLOCKS, BLOCK), generator=g).bfloat16()
     lens = [3 + 3 * s + s % 2 for s in range(rows)]
     tables = [[s * 12 + (5 * b) % 12 for b in range(12)] for s in range(rows)]
-    ids = torch.randint(0, CONFIG.vocab_size, (rows,), generator=g)
+    ids = torch.randint(0, config.vocab_size, (rows,), generator=g)
     positions = torch.tensor([n - 1 for n in lens])
     return model, cache, ids, positions, _decode_meta(tables, lens)
 
@@ -121,6 +125,26 @@ def test_int4_integers_read_back_from_torch_packing_exactly():
     packed, plain = Int4Linear.quantize(w, 32, True), Int4Linear.quantize(w, 32, False)
     for got, want in zip(packed.int4_groupwise(), plain.int4_groupwise(), strict=True):
         assert torch.equal(got, want)
+
+
+def test_fused_step_reads_unweight_rows_as_dense(kernel):
+    # Unweight is lossless: its rows, decoded by the codec's own kernel inside the fused step
+    # (embeddings and LM head included), are the dense weights; only the order the products
+    # are summed in differs (the codec decodes columns in its own order).
+    config = dataclasses.replace(CONFIG, intermediate_size=128)  # rows of 64 columns
+    dense, dense_cache, ids, positions, meta = _case(5, torch.bfloat16, config=config)
+    packed, packed_cache, *_ = _case(5, torch.bfloat16, config=config)
+    packed.make_resident(lambda w: UnweightLinear.from_weight(w, tune=False), "unweight",
+                         embeddings=True)
+    assert packed._fused_step() is not None
+    qkv = packed.params[torch.bfloat16].layers[0].qkv
+    assert type(weight_form(qkv)[0]).__name__ == "PyCapsule"  # read packed, not densely
+    hidden = packed.forward(ids, positions, meta, packed_cache, torch.bfloat16)
+    expected = dense.forward(ids, positions, meta, dense_cache, torch.bfloat16)
+    torch.testing.assert_close(hidden, expected, atol=0.02, rtol=0.01)  # a BF16 step at most
+    torch.testing.assert_close(packed_cache, dense_cache, atol=0.02, rtol=0.01)
+    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden),
+                               atol=1e-4, rtol=1e-5)
 
 
 def test_fused_step_writes_only_the_new_tokens_slots(kernel):

@@ -11,84 +11,18 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "../attention/paged_decode.h"
-#include "gemv.h"
+#include "projection.h"
 
 namespace {
 
-using bf16 = c10::BFloat16;
-using edgefire::fused::gemv_bf16;
-using edgefire::fused::gemv_int8;
-
-const uint16_t* bits(const torch::Tensor& t) {
-  return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>());
-}
-
-void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, const char* name) {
-  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2 &&
-                  w.size(0) == rows && w.size(1) == cols,
-              name, ": expected a contiguous bfloat16 [", rows, ", ", cols, "] weight");
-}
-
-// One projection's weight, in one of three forms: {BF16 [n, k]}; {INT8 [n, k], float32 row
-// scales [n]}; {INT4 nibbles [n, k / 2], float32 group scales and offsets [n, k / group]}.
-struct Proj {
-  torch::Tensor w, scales, offsets;
-  int64_t group = 0;
-
-  Proj(const std::vector<torch::Tensor>& form, int64_t rows, int64_t cols, const char* name) {
-    TORCH_CHECK(!form.empty() && form.size() <= 3, name, ": one to three tensors per weight");
-    w = form[0];
-    if (form.size() == 1) {
-      check_weight(w, rows, cols, name);
-      return;
-    }
-    scales = form[1];
-    const bool int4 = form.size() == 3;
-    TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.size(0) == rows &&
-                    w.size(1) == (int4 ? cols / 2 : cols) &&
-                    w.scalar_type() == (int4 ? torch::kByte : torch::kChar),
-                name, ": expected an int8 [rows, cols] or packed int4 [rows, cols / 2] weight");
-    TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
-                    scales.size(0) == rows, name, ": float32 scales, one row per output");
-    if (!int4) {
-      TORCH_CHECK(scales.numel() == rows, name, ": one scale per row");
-      return;
-    }
-    offsets = form[2];
-    TORCH_CHECK(scales.dim() == 2 && offsets.sizes() == scales.sizes() &&
-                    offsets.scalar_type() == torch::kFloat32 && offsets.is_contiguous() &&
-                    cols % scales.size(1) == 0,
-                name, ": int4 scales and offsets [rows, groups]");
-    group = cols / scales.size(1);
-    TORCH_CHECK(group % edgefire::fused::kChunk == 0, name, ": int4 groups of 32 or more");
-  }
-
-  // out [m, n] = x [m, k] @ w^T; xf, xsum: room for x widened (and its int4 group sums).
-  void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf,
-             std::vector<float>& xsum, float* out) const {
-    const int64_t n = w.size(0), k = offsets.defined() ? w.size(1) * 2 : w.size(1);
-    if (!scales.defined()) {
-      gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
-    } else if (!offsets.defined()) {
-      for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
-      gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), scales.data_ptr<float>(), n, out);
-    } else {
-      edgefire::fused::arrange_int4(x.data(), m, k, group, xf.data(), xsum.data());
-      edgefire::fused::gemv_int4(xf.data(), xsum.data(), m, k, group, w.data_ptr<uint8_t>(),
-                                 scales.data_ptr<float>(), offsets.data_ptr<float>(), n, out);
-    }
-  }
-};
-
-std::vector<Proj> projections(const std::vector<std::vector<torch::Tensor>>& forms,
-                              int64_t rows, int64_t cols, const char* name) {
-  std::vector<Proj> out;
-  for (const auto& form : forms) out.emplace_back(form, rows, cols, name);
-  return out;
-}
+using edgefire::fused::bf16;
+using edgefire::fused::form_rows;
+using edgefire::fused::Proj;
+using edgefire::fused::projections;
 
 // out = bf16(x / rms(x) * weight), per row.
 void rms_norm(const float* x, const bf16* weight, int64_t rows, int64_t n, float eps, bf16* out) {
@@ -115,20 +49,21 @@ class LlamaDecode {
  public:
   // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
   // tensors.
-  LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps,
-              torch::Tensor embed, std::vector<torch::Tensor> attn_norm,
-              std::vector<torch::Tensor> mlp_norm,
-              std::vector<std::vector<std::vector<torch::Tensor>>> forms,
+  // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
+  LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
+              double eps, std::vector<pybind11::object> embed,
+              std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
+              std::vector<std::vector<std::vector<pybind11::object>>> forms,
               torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
-        hidden_(embed.size(1)), inter_(inter), embed_(embed), attn_norm_(std::move(attn_norm)),
+        hidden_(hidden), inter_(inter), embed_(embed, form_rows(embed), hidden, "embed"),
+        attn_norm_(std::move(attn_norm)),
         mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin) {
     const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
     TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
                 "hidden and intermediate sizes must be multiples of 32");
     TORCH_CHECK(head_dim % edgefire::attention::kLanes == 0, "head_dim: a multiple of 16");
     TORCH_CHECK(forms.size() == 4, "weights: qkv, o, gate_up, down");
-    check_weight(embed, embed.size(0), hidden_, "embed");
     TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
                     cos.size(1) == head_dim && sin.sizes() == cos.sizes(),
                 "rotary tables: contiguous float32 [positions, head_dim]");
@@ -168,7 +103,7 @@ class LlamaDecode {
     const int64_t blocks = kv_cache.size(3), block_size = kv_cache.size(4);
     const int64_t head_stride = blocks * block_size * hd;  // one KV head's pages
     for (int64_t r = 0; r < m; ++r)
-      TORCH_CHECK(id[r] >= 0 && id[r] < embed_.size(0) && pos[r] >= 0 && pos[r] < cos_.size(0) &&
+      TORCH_CHECK(id[r] >= 0 && id[r] < embed_.rows() && pos[r] >= 0 && pos[r] < cos_.size(0) &&
                       slot[r] >= 0 && slot[r] < blocks * block_size,
                   "token id, position or slot out of range");
 
@@ -177,9 +112,7 @@ class LlamaDecode {
     std::vector<float> q(m * q_size), attn(m * q_size);
     std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
     std::vector<float> xf(x.size()), xsum(x.size());
-    const bf16* table = embed_.data_ptr<bf16>();
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < h_size; ++i) h[r * h_size + i] = static_cast<float>(table[id[r] * h_size + i]);
+    for (int64_t r = 0; r < m; ++r) embed_.row(id[r], h.data() + r * h_size);
     auto add_residual = [&] {
       for (int64_t i = 0; i < m * h_size; ++i) h[i] += proj[i];
     };
@@ -224,7 +157,7 @@ class LlamaDecode {
       down_[l].apply(x, m, xf, xsum, proj.data());
       add_residual();
     }
-    auto out = torch::empty({m, h_size}, embed_.options());
+    auto out = torch::empty({m, h_size}, torch::kBFloat16);
     rms_norm(h.data(), final_norm_.data_ptr<bf16>(), m, h_size, eps_, out.data_ptr<bf16>());
     return out;
   }
@@ -233,7 +166,7 @@ class LlamaDecode {
   int64_t heads_, kv_heads_, head_dim_;
   float eps_;
   int64_t hidden_, inter_;
-  torch::Tensor embed_;
+  Proj embed_;
   std::vector<torch::Tensor> attn_norm_, mlp_norm_;
   std::vector<Proj> qkv_, o_, gate_up_, down_;
   torch::Tensor final_norm_, cos_, sin_;
@@ -241,11 +174,10 @@ class LlamaDecode {
 
 // x [m, k] bfloat16 @ one weight in any of Proj's forms -> [m, n] float32: the LM head's
 // logits, and each form's matmul alone for tests and bench/kernels.py.
-torch::Tensor linear(torch::Tensor x, std::vector<torch::Tensor> form) {
+torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
               "x: contiguous bfloat16 [m, k]");
-  TORCH_CHECK(!form.empty() && form[0].dim() == 2, "form: the weight first");
-  const int64_t m = x.size(0), k = x.size(1), n = form[0].size(0);
+  const int64_t m = x.size(0), k = x.size(1), n = form_rows(form);
   TORCH_CHECK(n % edgefire::fused::kTileRows == 0 && k % edgefire::fused::kChunk == 0,
               "weight rows % 4 == 0, k % 32 == 0");
   const Proj proj(form, n, k, "w");
@@ -262,9 +194,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.attr("native_dot") = edgefire::fused::kNativeDot;
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, double, torch::Tensor,
-                          std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                          std::vector<std::vector<std::vector<torch::Tensor>>>, torch::Tensor,
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                          std::vector<pybind11::object>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>,
+                          std::vector<std::vector<std::vector<pybind11::object>>>, torch::Tensor,
                           torch::Tensor, torch::Tensor>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

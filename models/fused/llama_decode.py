@@ -6,8 +6,9 @@ batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed
 Anything else (prefill, larger batches) runs the torch path, as do models whose projections
 are in a form the step cannot read. It reads BF16 tensors, and resident forms that offer
 `int8_per_channel()` -> (INT8 weight [out, in], scales [out]), weight-only quantized per row,
-or `int4_groupwise()` -> (nibbles [out, in / 2], the low one the even column; scales and
-offsets [out, groups]: w = q * scale + offset), weight-only quantized in groups along `in`.
+`int4_groupwise()` -> (nibbles [out, in / 2], the low one the even column; scales and
+offsets [out, groups]: w = q * scale + offset), weight-only quantized in groups along `in`,
+or `row_decoder()` -> a PyCapsule of the codec's own row decoder (row_decoder.h), or None.
 """
 
 from __future__ import annotations
@@ -40,15 +41,17 @@ class FusedLlamaDecode:
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
         self.kernel = kernel
-        self.lm_head = weights.lm_head
+        self.lm_head = weight_form(weights.lm_head)
+        embed = weight_form(weights.embed)
         self.step = kernel.LlamaDecode(
-            c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
-            weights.embed, [layer.attn_norm for layer in layers],
+            c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
+            c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
             rotary.cos.contiguous(), rotary.sin.contiguous())
         # What it holds beside the model's own weights (the weight forms' widened scales, the
         # INT4 nibbles where the model's copy is torch's packing), for weight_bytes.
-        self.tensors = [t for per_layer in forms for form in per_layer for t in form]
+        self.tensors = [t for per_layer in forms for form in per_layer for t in form
+                        if isinstance(t, torch.Tensor)]
 
     @classmethod
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
@@ -56,14 +59,15 @@ class FusedLlamaDecode:
         kernel = fused_kernels()
         if kernel is None or not kernel.native_dot:
             return None  # without AVX512-BF16 dot products torch's matmul is as fast
-        dense = [weights.embed, weights.final_norm, weights.lm_head,
+        norms = [weights.final_norm,
                  *(t for layer in weights.layers for t in (layer.attn_norm, layer.mlp_norm))]
-        if not all(_is_bf16(t) for t in dense):
-            return None  # a packed embedding table (lossless codecs): via torch
+        if not all(_is_bf16(t) for t in norms):
+            return None
         forms = [[weight_form(getattr(layer, name)) for layer in weights.layers]
                  for name in ("qkv", "o", "gate_up", "down")]
-        if any(form is None for per_layer in forms for form in per_layer):
-            return None  # a projection form it cannot read: its own kernels, via torch
+        tables = [weight_form(weights.embed), weight_form(weights.lm_head)]
+        if any(form is None for per_layer in [*forms, tables] for form in per_layer):
+            return None  # a form it cannot read: its own kernels, via torch
         if (config.hidden_size % 32 or config.intermediate_size % 32 or config.head_dim % 16
                 or weights.lm_head.shape[0] % 4):
             return None
@@ -81,17 +85,21 @@ class FusedLlamaDecode:
                                  meta.decode_block_tables, meta.decode_context_lens, kv_cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.kernel.linear(hidden.contiguous(), [self.lm_head])
+        return self.kernel.linear(hidden.contiguous(), self.lm_head)
 
 
 def _is_bf16(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
 
 
-def weight_form(projection: object) -> list[torch.Tensor] | None:
-    """The tensors the kernel reads a projection from (llama_decode.cpp's Proj), or None."""
+def weight_form(projection: object) -> list[Any] | None:
+    """What the kernel reads a weight from (projection.h's Proj), or None: its tensors, or
+    the capsule of a codec's row decoder (row_decoder.h)."""
     if _is_bf16(projection):
-        return [projection]  # type: ignore[list-item]
+        return [projection]
+    if (decoder := getattr(projection, "row_decoder", None)) is not None:
+        capsule = decoder()
+        return None if capsule is None else [capsule]
     if (int8 := getattr(projection, "int8_per_channel", None)) is not None:
         weight, scales = int8()
         return [weight.contiguous(), scales.float().contiguous()]

@@ -31,6 +31,7 @@ class UnweightLinear:
     form: Inference  # of a [N, K] weight, K a multiple of the row width
     verbatim_start: torch.Tensor  # int32 [N]
     fused_max_rows: int = 0  # up to this many rows, decode inside the matvec
+    _decoder: object = None  # the row decoder's capsule, made once
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, tune: bool = True) -> UnweightLinear:
@@ -56,6 +57,16 @@ class UnweightLinear:
         f = self.form
         return (f.packed, f.sign_mantissa, f.palette, f.verbatim_flags, self.verbatim_start,
                 f.verbatim_values)
+
+    def row_decoder(self) -> object:
+        """This form's rows for the fused decode step (models/fused/row_decoder.h): a capsule
+        of the native decoder, or None without native kernels."""
+        kernels = resident_kernels()
+        if kernels is None:
+            return None
+        if self._decoder is None:
+            self._decoder = kernels.row_decoder(*self._args(), self.shape[1])
+        return self._decoder
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.shape

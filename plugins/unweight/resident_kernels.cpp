@@ -5,6 +5,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "../../models/fused/row_decoder.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -324,10 +326,52 @@ torch::Tensor encode_rows(torch::Tensor words, torch::Tensor lookup, torch::Tens
 
 bool vectorised() { return kVector; }
 
+namespace {
+
+// What a row decoder handed to the fused decode step reads: the form, its tensors kept alive
+// while the decoder lives, and the column order decode_words leaves rows in.
+struct RowSource {
+  Form f;
+  std::vector<torch::Tensor> keep;
+  std::vector<int32_t> order;
+  edgefire::fused::RowDecoder abi;
+};
+
+void decode_weight_rows(const void* self, int64_t row0, int64_t count, uint16_t* out) {
+  const auto* s = static_cast<const RowSource*>(self);
+  const int64_t k = s->f.k, per_row = k / kRow;
+  for (int64_t r = 0; r < count; ++r) {
+    int64_t v = s->f.vstart[row0 + r];
+    for (int64_t j = 0; j < per_row; ++j)
+      decode_words(s->f, (row0 + r) * per_row + j, v, out + r * k + j * kRow);
+  }
+}
+
+}  // namespace
+
+// The form as an edgefire.row_decoder capsule (models/fused/row_decoder.h): the fused decode
+// step multiplies its rows decoded just in time, reading the weight at 12 bits.
+pybind11::capsule row_decoder(torch::Tensor packed, torch::Tensor sm, torch::Tensor palette,
+                              torch::Tensor flags, torch::Tensor vstart, torch::Tensor verbatim,
+                              int64_t k) {
+  auto* s = new RowSource{view(packed, sm, palette, flags, vstart, verbatim, k),
+                          {packed, sm, palette, flags, vstart, verbatim}, {}, {}};
+  s->order.resize(k);
+  for (int64_t c = 0; c < k; ++c)
+    s->order[c] = static_cast<int32_t>(c / kRow * kRow + source_column(static_cast<int>(c % kRow)));
+  s->abi = {vstart.size(0), k, decode_weight_rows, s->order.data(), s};
+  return pybind11::capsule(&s->abi, edgefire::fused::kRowDecoderCapsule, [](PyObject* capsule) {
+    auto* abi = static_cast<edgefire::fused::RowDecoder*>(
+        PyCapsule_GetPointer(capsule, edgefire::fused::kRowDecoderCapsule));
+    delete static_cast<const RowSource*>(abi->self);
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.def("decode_rows", &decode_rows);
   m.def("exponent_histogram", &exponent_histogram);
   m.def("encode_rows", &encode_rows);
   m.def("vectorised", &vectorised);
+  m.def("row_decoder", &row_decoder);
 }

@@ -1,0 +1,155 @@
+// One projection's weight as the fused decode step reads it: BF16, weight-only INT8 or INT4,
+// or a codec's row decoder (row_decoder.h); and its matmul against a few rows of x.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "gemv.h"
+#include "row_decoder.h"
+
+namespace edgefire::fused {
+
+using bf16 = c10::BFloat16;
+
+inline const uint16_t* bits(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>());
+}
+
+inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, const char* name) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2 &&
+                  w.size(0) == rows && w.size(1) == cols,
+              name, ": expected a contiguous bfloat16 [", rows, ", ", cols, "] weight");
+}
+
+// One projection's weight, in one of four forms: {BF16 [n, k]}; {INT8 [n, k], float32 row
+// scales [n]}; {INT4 nibbles [n, k / 2], float32 group scales and offsets [n, k / group]}; or
+// a codec's RowDecoder (row_decoder.h), from a PyCapsule.
+struct Proj {
+  torch::Tensor w, scales, offsets;
+  int64_t group = 0;
+  const RowDecoder* decoder = nullptr;
+  pybind11::object keep;  // the decoder's capsule
+
+  Proj(const std::vector<pybind11::object>& form, int64_t rows, int64_t cols, const char* name) {
+    TORCH_CHECK(!form.empty() && form.size() <= 3, name, ": one to three items per weight");
+    if (pybind11::isinstance<pybind11::capsule>(form[0])) {
+      const auto capsule = pybind11::reinterpret_borrow<pybind11::capsule>(form[0]);
+      TORCH_CHECK(capsule.name() != nullptr &&
+                      std::string(capsule.name()) == kRowDecoderCapsule,
+                  name, ": a capsule must hold an edgefire.row_decoder");
+      decoder = capsule.get_pointer<RowDecoder>();
+      keep = form[0];
+      TORCH_CHECK(decoder->rows == rows && decoder->cols == cols &&
+                      cols % kChunk == 0,
+                  name, ": the row decoder's shape does not match");
+      return;
+    }
+    w = form[0].cast<torch::Tensor>();
+    if (form.size() == 1) {
+      check_weight(w, rows, cols, name);
+      return;
+    }
+    scales = form[1].cast<torch::Tensor>();
+    const bool int4 = form.size() == 3;
+    TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.size(0) == rows &&
+                    w.size(1) == (int4 ? cols / 2 : cols) &&
+                    w.scalar_type() == (int4 ? torch::kByte : torch::kChar),
+                name, ": expected an int8 [rows, cols] or packed int4 [rows, cols / 2] weight");
+    TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
+                    scales.size(0) == rows, name, ": float32 scales, one row per output");
+    if (!int4) {
+      TORCH_CHECK(scales.numel() == rows, name, ": one scale per row");
+      return;
+    }
+    offsets = form[2].cast<torch::Tensor>();
+    TORCH_CHECK(scales.dim() == 2 && offsets.sizes() == scales.sizes() &&
+                    offsets.scalar_type() == torch::kFloat32 && offsets.is_contiguous() &&
+                    cols % scales.size(1) == 0,
+                name, ": int4 scales and offsets [rows, groups]");
+    group = cols / scales.size(1);
+    TORCH_CHECK(group % kChunk == 0, name, ": int4 groups of 32 or more");
+  }
+
+  // out [m, n] = x [m, k] @ w^T; xf, xsum: room for x widened (and its int4 group sums) or,
+  // for a row decoder, x's BF16 words in its column order.
+  void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf,
+             std::vector<float>& xsum, float* out) const {
+    if (decoder != nullptr) {
+      apply_decoded(x, m, reinterpret_cast<uint16_t*>(xf.data()), out);
+      return;
+    }
+    const int64_t n = w.size(0), k = offsets.defined() ? w.size(1) * 2 : w.size(1);
+    if (!scales.defined()) {
+      gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
+    } else if (!offsets.defined()) {
+      for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
+      gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), scales.data_ptr<float>(), n, out);
+    } else {
+      arrange_int4(x.data(), m, k, group, xf.data(), xsum.data());
+      gemv_int4(xf.data(), xsum.data(), m, k, group, w.data_ptr<uint8_t>(),
+                                 scales.data_ptr<float>(), offsets.data_ptr<float>(), n, out);
+    }
+  }
+
+  // Each tile's four rows decoded once into a per-thread buffer, then multiplied as BF16.
+  void apply_decoded(const std::vector<bf16>& x, int64_t m, uint16_t* xo, float* out) const {
+    const int64_t n = decoder->rows, k = decoder->cols;
+    const auto* words = reinterpret_cast<const uint16_t*>(x.data());
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < k; ++c) xo[r * k + c] = words[r * k + decoder->order[c]];
+    over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
+      // A tile's row groups (m0 = 0, 4, 8) run in turn on one thread: decode at the first.
+      thread_local std::vector<uint16_t> store;
+      store.resize(kTileRows * k + 32);
+      auto* rows = reinterpret_cast<uint16_t*>(
+          (reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
+      if (m0 == 0) decoder->decode(decoder->self, n0, kTileRows, rows);
+      const uint16_t* xm = xo + m0 * k;
+      float* o = out + m0 * n + n0;
+      switch (mb) {
+        case 4: tile<4>(xm, rows, k, 0, o, n); break;
+        case 3: tile<3>(xm, rows, k, 0, o, n); break;
+        case 2: tile<2>(xm, rows, k, 0, o, n); break;
+        default: tile<1>(xm, rows, k, 0, o, n); break;
+      }
+    });
+  }
+
+  // Row `row` of the weight (an embedding), in natural column order, widened to float32.
+  void row(int64_t index, float* out) const {
+    if (decoder == nullptr) {
+      const bf16* table = w.data_ptr<bf16>() + index * w.size(1);
+      for (int64_t c = 0; c < w.size(1); ++c) out[c] = static_cast<float>(table[c]);
+      return;
+    }
+    const int64_t k = decoder->cols;
+    std::vector<uint16_t> store(k + 32);
+    auto* words = reinterpret_cast<uint16_t*>(
+        (reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
+    decoder->decode(decoder->self, index, 1, words);
+    for (int64_t c = 0; c < k; ++c)
+      out[decoder->order[c]] = static_cast<float>(c10::BFloat16(words[c], c10::BFloat16::from_bits()));
+  }
+
+  int64_t rows() const { return decoder != nullptr ? decoder->rows : w.size(0); }
+};
+
+inline std::vector<Proj> projections(const std::vector<std::vector<pybind11::object>>& forms,
+                              int64_t rows, int64_t cols, const char* name) {
+  std::vector<Proj> out;
+  for (const auto& form : forms) out.emplace_back(form, rows, cols, name);
+  return out;
+}
+
+inline int64_t form_rows(const std::vector<pybind11::object>& form) {
+  TORCH_CHECK(!form.empty(), "embed: a form");
+  if (pybind11::isinstance<pybind11::capsule>(form[0]))
+    return pybind11::reinterpret_borrow<pybind11::capsule>(form[0])
+        .get_pointer<RowDecoder>()->rows;
+  return form[0].cast<torch::Tensor>().size(0);
+}
+
+}  // namespace edgefire::fused
