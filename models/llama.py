@@ -194,11 +194,9 @@ class LlamaForCausalLM(PagedGQADecoder):
         held = [item for w in self.params.values() for item in (
             w.embed, w.final_norm, w.lm_head,
             *(getattr(layer, f) for layer in w.layers for f in LlamaLayer.__slots__))]
-        fused = self._fused_step()
-        return storage_bytes([*(t for item in held
-                                for t in ((item,) if isinstance(item, torch.Tensor)
-                                          else item.tensors())),
-                              *(fused.tensors if fused is not None else ())])
+        return storage_bytes(t for item in held
+                             for t in ((item,) if isinstance(item, torch.Tensor)
+                                       else item.tensors()))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

@@ -91,24 +91,27 @@ def test_fused_step_matches_float32_torch_path(kernel, rows):
 
 QUANTIZERS = {
     "int8": Int8Linear.quantize,
-    "int4": lambda w: Int4Linear.quantize(w, 32, use_kernel=False),
-    # torch's INT4 packing is opaque: the fused step reads the integers back out of it
-    "int4-torch-packed": lambda w: Int4Linear.quantize(w, 32, use_kernel=True),
+    # read in torch's own INT4 CPU packing, which the model keeps for prefill
+    "int4": lambda w: Int4Linear.quantize(w, 32, use_kernel=True),
 }
+
+
+def _exact(form: str):
+    """The quantizer whose dequantize() is exact (torch's INT4 packing dequantizes only through
+    its BF16 kernel; the plain packing holds the same integers, scales and zeros)."""
+    return (lambda w: Int4Linear.quantize(w, 32, use_kernel=False)) if form == "int4" \
+        else QUANTIZERS[form]
 
 
 @pytest.mark.parametrize("form", list(QUANTIZERS))
 def test_fused_step_reads_quantized_projections(kernel, form):
-    if form == "int4-torch-packed" and not HAS_INT4_KERNEL:
+    if form == "int4" and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
-    quantize = QUANTIZERS[form]
     fused, cache, ids, positions, meta = _case(3, torch.bfloat16)
-    fused.make_resident(quantize, form)
+    fused.make_resident(QUANTIZERS[form], form)
     assert fused._fused_step() is not None
-    # The reference multiplies by the dequantized weights, in float32 (torch's INT4 packing
-    # dequantizes only through its BF16 kernel: the plain packing's exact values instead).
-    exact = QUANTIZERS["int4" if form.startswith("int4") else form]
-    dequantized = {name: (exact(w).dequantize()
+    # The reference multiplies by the dequantized weights, in float32.
+    dequantized = {name: (_exact(form)(w).dequantize()
                           if name.rsplit(".", 1)[-1] in PROJECTIONS else w)
                    for name, w in _weights().items()}
     ref, ref_cache, *_ = _case(3, torch.float32, dequantized)
@@ -118,13 +121,11 @@ def test_fused_step_reads_quantized_projections(kernel, form):
     torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.1, rtol=0.05)
 
 
-def test_int4_integers_read_back_from_torch_packing_exactly():
-    if not HAS_INT4_KERNEL:
-        pytest.skip("this torch has no INT4 CPU kernel")
-    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
-    packed, plain = Int4Linear.quantize(w, 32, True), Int4Linear.quantize(w, 32, False)
-    for got, want in zip(packed.int4_groupwise(), plain.int4_groupwise(), strict=True):
-        assert torch.equal(got, want)
+def test_plain_int4_without_torch_kernel_runs_through_torch(kernel):
+    model, cache, ids, positions, meta = _case(2, torch.bfloat16)
+    model.make_resident(lambda w: Int4Linear.quantize(w, 32, use_kernel=False), "int4")
+    assert model._fused_step() is None
+    assert model.forward(ids, positions, meta, cache, torch.bfloat16).shape == (2, 64)
 
 
 def test_fused_step_reads_unweight_rows_as_dense(kernel):
@@ -167,13 +168,15 @@ def test_linear_matches_a_float_matmul(kernel):
 
 @pytest.mark.parametrize("form", ["int8", "int4"])
 def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
+    if form == "int4" and not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
     g = torch.Generator().manual_seed(4)
-    w = torch.randn(36, 128, generator=g)
-    quantized = QUANTIZERS[form](w)
+    w = torch.randn(128, 128, generator=g)  # int4: blocks of 64 rows
+    quantized, exact = QUANTIZERS[form](w), _exact(form)(w)
     for rows in range(1, 10):
         x = torch.randn(rows, 128, generator=g).bfloat16()
         torch.testing.assert_close(kernel.linear(x, weight_form(quantized)),
-                                   x.float() @ quantized.dequantize().T, atol=1e-4, rtol=1e-5)
+                                   x.float() @ exact.dequantize().T, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["prefill", "too_many_rows", "row_block", "float32"])

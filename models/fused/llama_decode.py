@@ -4,11 +4,11 @@ A step takes it when every token in it is a decode (one new token per sequence, 
 chunk), it has at most MAX_ROWS of them, it computes in BF16 over a BF16 KV cache, and no
 batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed blocks).
 Anything else (prefill, larger batches) runs the torch path, as do models whose projections
-are in a form the step cannot read. It reads BF16 tensors, and resident forms that offer
-`int8_per_channel()` -> (INT8 weight [out, in], scales [out]), weight-only quantized per row,
-`int4_groupwise()` -> (nibbles [out, in / 2], the low one the even column; scales and
-offsets [out, groups]: w = q * scale + offset), weight-only quantized in groups along `in`,
-or `row_decoder()` -> a PyCapsule of the codec's own row decoder (row_decoder.h), or None.
+are in a form the step cannot read. It reads the tensors the model holds, no copies: BF16
+tensors, and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in], BF16
+scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing and its BF16 scales_zeros
+[groups, out, 2] (or None), or `row_decoder()` -> a PyCapsule of the codec's own row
+decoder (row_decoder.h), or None.
 """
 
 from __future__ import annotations
@@ -48,10 +48,7 @@ class FusedLlamaDecode:
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
             rotary.cos.contiguous(), rotary.sin.contiguous())
-        # What it holds beside the model's own weights (the weight forms' widened scales, the
-        # INT4 nibbles where the model's copy is torch's packing), for weight_bytes.
-        self.tensors = [t for per_layer in forms for form in per_layer for t in form
-                        if isinstance(t, torch.Tensor)]
+
 
     @classmethod
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
@@ -101,9 +98,9 @@ def weight_form(projection: object) -> list[Any] | None:
         capsule = decoder()
         return None if capsule is None else [capsule]
     if (int8 := getattr(projection, "int8_per_channel", None)) is not None:
-        weight, scales = int8()
-        return [weight.contiguous(), scales.float().contiguous()]
+        return list(int8())
     if (int4 := getattr(projection, "int4_groupwise", None)) is not None:
-        nibbles, scales, offsets = int4()
-        return [nibbles.contiguous(), scales.float().contiguous(), offsets.float().contiguous()]
+        packed = int4()
+        # torch's packing goes by blocks of 64 output rows (gemv_int4.h)
+        return None if packed is None or packed[0].shape[0] % 64 else list(packed)
     return None

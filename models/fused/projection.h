@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gemv.h"
+#include "gemv_int4.h"
 #include "row_decoder.h"
 
 namespace edgefire::fused {
@@ -24,11 +25,12 @@ inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, con
               name, ": expected a contiguous bfloat16 [", rows, ", ", cols, "] weight");
 }
 
-// One projection's weight, in one of four forms: {BF16 [n, k]}; {INT8 [n, k], float32 row
-// scales [n]}; {INT4 nibbles [n, k / 2], float32 group scales and offsets [n, k / group]}; or
-// a codec's RowDecoder (row_decoder.h), from a PyCapsule.
+// One projection's weight, in one of four forms: {BF16 [n, k]}; {INT8 [n, k], BF16 row scales
+// [n]}; {INT4 in torch's CPU packing [n, k / 2], BF16 scales_zeros [k / group, n, 2]}
+// (gemv_int4.h); or a codec's RowDecoder (row_decoder.h), from a PyCapsule. The fused step
+// reads the tensors the model already holds: no copies.
 struct Proj {
-  torch::Tensor w, scales, offsets;
+  torch::Tensor w, scales;
   int64_t group = 0;
   const RowDecoder* decoder = nullptr;
   pybind11::object keep;  // the decoder's capsule
@@ -52,25 +54,21 @@ struct Proj {
       check_weight(w, rows, cols, name);
       return;
     }
+    TORCH_CHECK(form.size() == 2, name, ": a quantized weight and its scales");
     scales = form[1].cast<torch::Tensor>();
-    const bool int4 = form.size() == 3;
-    TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.size(0) == rows &&
-                    w.size(1) == (int4 ? cols / 2 : cols) &&
-                    w.scalar_type() == (int4 ? torch::kByte : torch::kChar),
-                name, ": expected an int8 [rows, cols] or packed int4 [rows, cols / 2] weight");
-    TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
-                    scales.size(0) == rows, name, ": float32 scales, one row per output");
-    if (!int4) {
-      TORCH_CHECK(scales.numel() == rows, name, ": one scale per row");
+    TORCH_CHECK(w.is_contiguous() && scales.is_contiguous() &&
+                    scales.scalar_type() == torch::kBFloat16, name, ": contiguous, BF16 scales");
+    if (w.scalar_type() == torch::kChar) {
+      TORCH_CHECK(w.dim() == 2 && w.size(0) == rows && w.size(1) == cols &&
+                      scales.numel() == rows, name, ": int8 [rows, cols], one scale per row");
       return;
     }
-    offsets = form[2].cast<torch::Tensor>();
-    TORCH_CHECK(scales.dim() == 2 && offsets.sizes() == scales.sizes() &&
-                    offsets.scalar_type() == torch::kFloat32 && offsets.is_contiguous() &&
-                    cols % scales.size(1) == 0,
-                name, ": int4 scales and offsets [rows, groups]");
-    group = cols / scales.size(1);
-    TORCH_CHECK(group % kChunk == 0, name, ": int4 groups of 32 or more");
+    TORCH_CHECK(w.scalar_type() == torch::kByte && w.dim() == 2 && w.size(0) == rows &&
+                    w.size(1) == cols / 2 && rows % kInt4Block == 0 && scales.dim() == 3 &&
+                    scales.size(1) == rows && scales.size(2) == 2 && cols % scales.size(0) == 0,
+                name, ": int4 in torch's CPU packing [rows, cols / 2] with scales_zeros "
+                      "[groups, rows, 2]");
+    group = cols / scales.size(0);
   }
 
   // out [m, n] = x [m, k] @ w^T; xf, xsum: room for x widened (and its int4 group sums) or,
@@ -81,16 +79,16 @@ struct Proj {
       apply_decoded(x, m, reinterpret_cast<uint16_t*>(xf.data()), out);
       return;
     }
-    const int64_t n = w.size(0), k = offsets.defined() ? w.size(1) * 2 : w.size(1);
+    const int64_t n = w.size(0), k = group ? w.size(1) * 2 : w.size(1);
     if (!scales.defined()) {
       gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
-    } else if (!offsets.defined()) {
+    } else if (group == 0) {
       for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
-      gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), scales.data_ptr<float>(), n, out);
+      gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out);
     } else {
-      arrange_int4(x.data(), m, k, group, xf.data(), xsum.data());
-      gemv_int4(xf.data(), xsum.data(), m, k, group, w.data_ptr<uint8_t>(),
-                                 scales.data_ptr<float>(), offsets.data_ptr<float>(), n, out);
+      widen_with_group_sums(x.data(), m, k, group, xf.data(), xsum.data());
+      gemv_int4(xf.data(), xsum.data(), m, k, group, w.data_ptr<uint8_t>(), bits(scales), n,
+                out);
     }
   }
 

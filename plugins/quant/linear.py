@@ -119,21 +119,11 @@ class Int4Linear:
         groups = q.float().view(q.shape[0], -1, self.group_size) - 8
         return (groups * scale[..., None] + zero[..., None]).reshape(q.shape)
 
-    def int4_groupwise(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(nibbles [out, in / 2], the low one the even column; scales and offsets [out,
-        groups] in float32, w = q * scale + offset) for kernels that read INT4 themselves
-        (models/fused). With torch's kernel the packing is opaque: the integers are read back
-        from the dequantized weight, exactly (bfloat16 keeps (q - 8) * scale + zero within a
-        thirtieth of a step)."""
-        scale, zero = self.scales_zeros.float().permute(2, 1, 0)  # each [out, groups]
-        if self.use_kernel:
-            w = self.dequantize().view(scale.shape[0], scale.shape[1], self.group_size)
-            q = torch.round((w - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
-            q = q.reshape(scale.shape[0], -1).to(torch.uint8)
-            nibbles = q[:, ::2] | (q[:, 1::2] << 4)
-        else:
-            nibbles = self.packed
-        return nibbles.contiguous(), scale.contiguous(), (zero - 8 * scale).contiguous()
+    def int4_groupwise(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(packed, scales_zeros) for kernels that read torch's CPU INT4 packing themselves
+        (models/fused/gemv_int4.h); None for the plain nibbles kept where torch has no INT4
+        kernel."""
+        return (self.packed, self.scales_zeros) if self.use_kernel else None
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.packed, self.scales_zeros
