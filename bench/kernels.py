@@ -49,12 +49,13 @@ def _forms(w: torch.Tensor) -> dict[str, tuple[list[torch.Tensor], Callable]]:
     """Per weight form: the tensors the fused step reads, and torch's own matmul for the same
     form (oneDNN BF16; torch's INT8 and INT4 weight-only kernels, as the quant plugin uses)."""
     int8 = Int8Linear.quantize(w)
-    int4 = Int4Linear.quantize(w, 32, use_kernel=False)
-    int4_torch = Int4Linear.quantize(w, 32, use_kernel=HAS_INT4_KERNEL)
     bf16 = w.bfloat16()
-    return {"bf16": ([bf16], lambda x: F.linear(x, bf16)),
-            "int8": (weight_form(int8), int8.linear),
-            "int4": (weight_form(int4), int4_torch.linear)}
+    forms = {"bf16": ([bf16], lambda x: F.linear(x, bf16)),
+             "int8": (weight_form(int8), int8.linear)}
+    if HAS_INT4_KERNEL:  # both read torch's INT4 packing
+        int4 = Int4Linear.quantize(w, 32)
+        forms["int4"] = (weight_form(int4), int4.linear)
+    return forms
 
 
 def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
