@@ -13,7 +13,7 @@ import statistics
 
 from bench._common import log, make_prompts, prompt_lengths, stopwatch
 from edgefire.contract.catalog import Catalog
-from edgefire.runtime import LLM, SamplingParams
+from edgefire.runtime import LLM, EngineConfig, SamplingParams
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 CONCURRENCY = (1, 8, 32)
@@ -47,7 +47,9 @@ def _prefill_rate(llm: LLM, tag: str) -> float:
 
 def measure() -> dict:
     spec = Catalog.load().get(MODEL)
-    llms = {codec: LLM(MODEL, catalog=Catalog([dataclasses.replace(spec, codec=codec)]))
+    # Drafts off: this compares the weight forms' decode steps, not n-gram luck.
+    llms = {codec: LLM(MODEL, catalog=Catalog([dataclasses.replace(spec, codec=codec)]),
+                       engine_config=EngineConfig(speculative="off"))
             for codec in ("identity", "unweight")}
     models = {codec: llm.model for codec, llm in llms.items()}
     rates: dict[str, dict[int, list[float]]] = {c: {n: [] for n in CONCURRENCY} for c in llms}
