@@ -142,6 +142,18 @@ def stopwatch() -> Iterator[list[float]]:
         box[0] = time.perf_counter() - start
 
 
+def best_seconds(fn: Callable[[], object], repeats: int = 5, warmup: bool = False) -> float:
+    """The fastest of `repeats` timed calls of fn (after one untimed call with warmup)."""
+    if warmup:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def machine_info() -> dict[str, object]:
     cpu = platform.processor()
     try:

@@ -10,7 +10,6 @@ sign+mantissa bytes, compressed separately), as ZipNN and Unweight split them.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,7 +17,7 @@ import torch
 import zstandard
 from safetensors.torch import load_file
 
-from bench._common import log, machine_info, markdown_table, write_results
+from bench._common import best_seconds, log, machine_info, markdown_table, write_results
 from bench.resident import measure as measure_resident
 from edgefire.plugins.unweight import Passthrough, decode, encode, to_bytes, to_inference_form
 from edgefire.runtime.weights import read_gguf, resolve_source
@@ -61,15 +60,6 @@ def _interleave(exponent: bytes, sign_mantissa: bytes) -> np.ndarray:
     return (e << 7) | ((s & 0x80) << 8) | (s & 0x7F)
 
 
-def _timed(fn, repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _zipnn(weights: list[torch.Tensor]) -> dict:
     try:
         import zipnn
@@ -79,7 +69,7 @@ def _zipnn(weights: list[torch.Tensor]) -> dict:
     blobs = [codec.compress(t.contiguous()) for t in weights]
     exact = all(torch.equal(codec.decompress(b).view(torch.int16).reshape(t.shape),
                             t.view(torch.int16)) for b, t in zip(blobs, weights, strict=True))
-    seconds = _timed(lambda: [codec.decompress(b) for b in blobs])
+    seconds = best_seconds(lambda: [codec.decompress(b) for b in blobs])
     total = sum(t.numel() for t in weights)
     return {"available": True, "version": zipnn.__version__ if hasattr(zipnn, "__version__")
             else "0.5.4", "round_trip_exact": exact,
@@ -123,9 +113,9 @@ def _model_report(name: str, tensors: list[tuple[str, torch.Tensor]]) -> dict:
                                                                             strict=True))
     log(f"{name}: decode throughput, {THREADS} threads")
     torch.set_num_threads(THREADS)
-    ours = _timed(lambda: [decode(blobs[n]) for n, _ in weights])
+    ours = best_seconds(lambda: [decode(blobs[n]) for n, _ in weights])
     with ThreadPoolExecutor(THREADS) as pool:
-        theirs = _timed(lambda: list(pool.map(zstd_decode, frames3)))
+        theirs = best_seconds(lambda: list(pool.map(zstd_decode, frames3)))
     zipnn = _zipnn([t for _, t in weights])
     return {
         "weights_2d": count, "round_trip_exact": exact, "zstd_round_trip_exact": zstd_exact,

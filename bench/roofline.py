@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+
+from bench._common import best_seconds
 
 THREADS = 2  # the benches' default thread count, so the numbers bound what they can reach
 READ_BYTES = 512 << 20
@@ -24,14 +25,8 @@ GEMM_N = 2048
 REPEATS = 5
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
-    fn()  # warm-up: page faults, kernel selection
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def _best_seconds(fn: Callable[[], object]) -> float:
+    return best_seconds(fn, REPEATS, warmup=True)  # warm-up: page faults, kernel selection
 
 
 def _read_seconds(torch: ModuleType) -> float:
