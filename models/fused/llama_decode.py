@@ -1,4 +1,4 @@
-"""The fused Llama decode step over dense BF16 weights, and when a step may take it.
+"""The fused Llama decode step over a model's own weights, and when a step may take it.
 
 A step takes it when every token in it is a decode (one new token per sequence, no prompt
 chunk), it has at most MAX_ROWS of them, it computes in BF16 over a BF16 KV cache, and no
@@ -32,10 +32,10 @@ MAX_ROWS = 12
 
 
 class FusedLlamaDecode:
-    """A LlamaDecode (llama_decode.cpp) over one model's BF16 weights, which it shares."""
+    """A LlamaDecode (llama_decode.cpp) over one model's weights, which it reads in place."""
 
     def __init__(self, kernel: Any, config: Any, weights: Any,
-                 forms: list[list[list[torch.Tensor]]]) -> None:
+                 forms: list[list[list[Any]]]) -> None:
         c = config
         layers = weights.layers
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
@@ -48,7 +48,6 @@ class FusedLlamaDecode:
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
             rotary.cos.contiguous(), rotary.sin.contiguous())
-
 
     @classmethod
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:

@@ -10,7 +10,7 @@ one-token steps would have produced: the same argmax over the same rows, since t
 decode step computes each row the same whatever rows share its step (models/fused).
 
 It pays only while a step has rows to spare: a decode step reads every weight once whatever
-its row count up to a few rows, so verifying 3 drafts costs ~1.3x a one-token step here
+its row count up to a few rows, so verifying 3 drafts costs ~1.5x a one-token step here
 (bench/kernels.py), and nothing when no n-gram matches. So it runs for greedy requests without
 penalties, constraints or deterministic mode, and only while the running batch with its
 drafts fits `max_rows` rows of a batch-invariant step.
