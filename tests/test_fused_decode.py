@@ -24,8 +24,8 @@ BLOCK, BLOCKS = 4, 168
 @pytest.fixture(scope="module")
 def kernel():
     built = fused_kernels()
-    if built is None or not built.native_dot:
-        pytest.skip("no AVX512-BF16 fused kernel on this machine")
+    if built is None or built.isa == "scalar":
+        pytest.skip("no vectorized fused kernel on this machine (AVX2 at least)")
     return built
 
 

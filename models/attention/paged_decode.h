@@ -15,54 +15,36 @@
 
 namespace edgefire::attention {
 
-#if defined(__AVX512F__)
-constexpr int64_t kLanes = 16;
+#if defined(EDGEFIRE_SIMD)
+using namespace edgefire::simd;
+constexpr int64_t kLanes = kWidth;
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  // bfloat16 is the top half of a float32: widen to 32 bits and shift into place.
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
+inline vf load_row(const float* p) { return vload(p); }
+inline vf load_row(const c10::BFloat16* p) { return vload_bf16(reinterpret_cast<const uint16_t*>(p)); }
 
 // scores[g] = scale * <q_g, k> for the `group` queries sharing this K row.
 template <typename T>
 inline void dot_group(const float* q, const T* k, int64_t group, int64_t head_dim, float scale,
                       float* scores, int64_t stride) {
   for (int64_t g = 0; g < group; ++g) {
-    __m512 acc = _mm512_setzero_ps();
+    vf acc = vzero();
     for (int64_t d = 0; d < head_dim; d += kLanes)
-      acc = _mm512_fmadd_ps(load16(q + g * head_dim + d), load16(k + d), acc);
-    scores[g * stride] = _mm512_reduce_add_ps(acc) * scale;
+      acc = vfmadd(load_row(q + g * head_dim + d), load_row(k + d), acc);
+    scores[g * stride] = vsum(acc) * scale;
   }
 }
 
-// exp over n floats in place, returning their sum; Cody-Waite reduction x = k ln2 + r and a
-// degree-6 polynomial for 2^f (relative error ~1e-7, float32 rounding level).
+// exp over n floats in place, returning their sum (simd.h's vexp_shifted, then the tail).
 inline float exp_sum(float* x, int64_t n, float shift) {
-  const __m512 log2e = _mm512_set1_ps(1.44269504f), lo = _mm512_set1_ps(-87.f);
-  const __m512 c1 = _mm512_set1_ps(0.69314718f), c2 = _mm512_set1_ps(0.24022652f);
-  const __m512 c3 = _mm512_set1_ps(0.05550411f), c4 = _mm512_set1_ps(0.00961813f);
-  const __m512 c5 = _mm512_set1_ps(0.00133336f), c6 = _mm512_set1_ps(0.00015404f);
-  const __m512 one = _mm512_set1_ps(1.f), m = _mm512_set1_ps(shift);
-  __m512 total = _mm512_setzero_ps();
+  const vf m = vset1(shift);
+  vf total = vzero();
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), lo);
-    const __m512 t = _mm512_mul_ps(v, log2e);
-    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, k);
-    __m512 p = _mm512_fmadd_ps(c6, f, c5);
-    p = _mm512_fmadd_ps(p, f, c4);
-    p = _mm512_fmadd_ps(p, f, c3);
-    p = _mm512_fmadd_ps(p, f, c2);
-    p = _mm512_fmadd_ps(p, f, c1);
-    p = _mm512_fmadd_ps(p, f, one);
-    const __m512 e = _mm512_scalef_ps(p, k);
-    _mm512_storeu_ps(x + i, e);
-    total = _mm512_add_ps(total, e);
+    const vf e = vexp_shifted(vload(x + i), m);
+    vstore(x + i, e);
+    total = vadd(total, e);
   }
-  float sum = _mm512_reduce_add_ps(total);
+  float sum = vsum(total);
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - shift);
     sum += x[i];
@@ -75,12 +57,122 @@ template <typename T>
 inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_dim, float* acc,
                        int64_t stride) {
   for (int64_t d = 0; d < head_dim; d += kLanes) {
-    const __m512 vv = load16(v + d);
+    const vf vv = load_row(v + d);
     for (int64_t g = 0; g < group; ++g) {
       float* a = acc + g * head_dim + d;
-      _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(p[g * stride]), vv, _mm512_loadu_ps(a)));
+      vstore(a, vfmadd(vset1(p[g * stride]), vv, vload(a)));
     }
   }
+}
+
+constexpr int64_t kTile = 16;  // keys widened to float32 at a time
+
+inline float max_of(const float* x, int64_t n) {
+  vf m = vset1(-INFINITY);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) m = vmax(m, vload(x + i));
+  float best = vhmax(m);
+  for (; i < n; ++i) best = std::max(best, x[i]);
+  return best;
+}
+
+// One (sequence, KV head) task with the group's G queries and head_dim = kLanes * DV held in
+// registers: each key tile is widened once, four keys' dot products are reduced together,
+// and the weighted sum of values stays in registers over the whole context. The generic loop
+// below reduces every dot product alone and keeps its sums in memory (measured: attention
+// was a third of a 32-sequence decode step).
+template <typename T, int DV, int G>
+void decode_task(const float* q, const T* kh, const T* vh, const int64_t* table, int64_t len,
+                 int64_t block_size, int64_t block_stride, float scale, float* scores,
+                 float* out) {
+  constexpr int64_t D = kLanes * DV;
+  alignas(64) float keys[kTile][D];
+  vf qv[G][DV];
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < DV; ++d) qv[g][d] = vload(q + g * D + d * kLanes);
+  // The key or value row of token t, walking the block table without a division per token.
+  int64_t block = 0, offset = 0;
+  auto next_row = [&](const T* base) {
+    const T* row = base + table[block] * block_stride + offset * D;
+    if (++offset == block_size) offset = 0, ++block;
+    return row;
+  };
+  for (int64_t t0 = 0; t0 < len; t0 += kTile) {
+    const int64_t n = std::min(kTile, len - t0);
+    for (int64_t i = 0; i < kTile; ++i) {
+      const T* row = i < n ? next_row(kh) : nullptr;
+      for (int d = 0; d < DV; ++d)
+        vstore(keys[i] + d * kLanes, row ? load_row(row + d * kLanes) : vzero());
+    }
+    for (int g = 0; g < G; ++g)
+      for (int64_t i = 0; i < n; i += 4) {
+        vf dot[4];
+        for (int j = 0; j < 4; ++j) {
+          dot[j] = vmul(qv[g][0], vload(keys[i + j]));
+          for (int d = 1; d < DV; ++d)
+            dot[j] = vfmadd(qv[g][d], vload(keys[i + j] + d * kLanes), dot[j]);
+        }
+        alignas(16) float four[4];
+        _mm_store_ps(four, _mm_mul_ps(reduce4(dot[0], dot[1], dot[2], dot[3]),
+                                      _mm_set1_ps(scale)));
+        for (int64_t j = 0; j < 4 && i + j < n; ++j) scores[g * len + t0 + i + j] = four[j];
+      }
+  }
+  // Unnormalised weights; the sums divide the outputs at the end instead.
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * len;
+    inv[g] = 1.f / exp_sum(sg, len, max_of(sg, len));
+  }
+  vf acc[G][DV];
+  for (auto& row : acc)
+    for (auto& a : row) a = vzero();
+  block = 0, offset = 0;
+  for (int64_t t = 0; t < len; ++t) {
+    const T* v = next_row(vh);
+    for (int d = 0; d < DV; ++d) {
+      const vf vv = load_row(v + d * kLanes);
+      for (int g = 0; g < G; ++g)
+        acc[g][d] = vfmadd(vset1(scores[g * len + t]), vv, acc[g][d]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < DV; ++d)
+      vstore(out + g * D + d * kLanes, vmul(acc[g][d], vset1(inv[g])));
+}
+
+using DecodeTask = void (*)(const float*, const void*, const void*, const int64_t*, int64_t,
+                            int64_t, int64_t, float, float*, float*);
+
+template <typename T, int DV, int G>
+void decode_task_erased(const float* q, const void* k, const void* v, const int64_t* table,
+                        int64_t len, int64_t block_size, int64_t block_stride, float scale,
+                        float* scores, float* out) {
+  decode_task<T, DV, G>(q, static_cast<const T*>(k), static_cast<const T*>(v), table, len,
+                        block_size, block_stride, scale, scores, out);
+}
+
+template <typename T, int DV>
+DecodeTask task_for_group(int64_t group) {
+  switch (group) {
+    case 1: return decode_task_erased<T, DV, 1>;
+    case 2: return decode_task_erased<T, DV, 2>;
+    case 3: return decode_task_erased<T, DV, 3>;
+    case 4: return decode_task_erased<T, DV, 4>;
+    case 5: return decode_task_erased<T, DV, 5>;
+    case 6: return decode_task_erased<T, DV, 6>;
+    case 7: return decode_task_erased<T, DV, 7>;
+    case 8: return decode_task_erased<T, DV, 8>;
+    default: return nullptr;
+  }
+}
+
+// The register-tiled task for this shape, or nullptr (the generic loop serves it).
+template <typename T>
+DecodeTask fast_task(int64_t head_dim, int64_t group) {
+  if (head_dim == 64) return task_for_group<T, 64 / kLanes>(group);
+  if (head_dim == 128) return task_for_group<T, 128 / kLanes>(group);
+  return nullptr;
 }
 #else
 constexpr int64_t kLanes = 1;
@@ -111,122 +203,7 @@ inline void axpy_group(const float* p, const T* v, int64_t group, int64_t head_d
     for (int64_t d = 0; d < head_dim; ++d)
       acc[g * head_dim + d] += p[g * stride] * static_cast<float>(v[d]);
 }
-#endif
 
-
-#if defined(__AVX512F__)
-using edgefire::simd::reduce4;
-
-constexpr int64_t kTile = 16;  // keys widened to float32 at a time
-
-inline float max_of(const float* x, int64_t n) {
-  __m512 m = _mm512_set1_ps(-INFINITY);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
-  float best = _mm512_reduce_max_ps(m);
-  for (; i < n; ++i) best = std::max(best, x[i]);
-  return best;
-}
-
-// One (sequence, KV head) task with the group's G queries and head_dim = 16 * D16 held in
-// registers: each key tile is widened once, four keys' dot products are reduced together,
-// and the weighted sum of values stays in registers over the whole context. The generic loop
-// below reduces every dot product alone and keeps its sums in memory (measured: attention
-// was a third of a 32-sequence decode step).
-template <typename T, int D16, int G>
-void decode_task(const float* q, const T* kh, const T* vh, const int64_t* table, int64_t len,
-                 int64_t block_size, int64_t block_stride, float scale, float* scores,
-                 float* out) {
-  constexpr int64_t D = 16 * D16;
-  alignas(64) float keys[kTile][D];
-  __m512 qv[G][D16];
-  for (int g = 0; g < G; ++g)
-    for (int d = 0; d < D16; ++d) qv[g][d] = _mm512_loadu_ps(q + g * D + d * 16);
-  // The key or value row of token t, walking the block table without a division per token.
-  int64_t block = 0, offset = 0;
-  auto next_row = [&](const T* base) {
-    const T* row = base + table[block] * block_stride + offset * D;
-    if (++offset == block_size) offset = 0, ++block;
-    return row;
-  };
-  for (int64_t t0 = 0; t0 < len; t0 += kTile) {
-    const int64_t n = std::min(kTile, len - t0);
-    for (int64_t i = 0; i < kTile; ++i) {
-      const T* row = i < n ? next_row(kh) : nullptr;
-      for (int d = 0; d < D16; ++d)
-        _mm512_store_ps(keys[i] + d * 16, row ? load16(row + d * 16) : _mm512_setzero_ps());
-    }
-    for (int g = 0; g < G; ++g)
-      for (int64_t i = 0; i < n; i += 4) {
-        __m512 dot[4];
-        for (int j = 0; j < 4; ++j) {
-          dot[j] = _mm512_mul_ps(qv[g][0], _mm512_load_ps(keys[i + j]));
-          for (int d = 1; d < D16; ++d)
-            dot[j] = _mm512_fmadd_ps(qv[g][d], _mm512_load_ps(keys[i + j] + d * 16), dot[j]);
-        }
-        alignas(16) float four[4];
-        _mm_store_ps(four, _mm_mul_ps(reduce4(dot[0], dot[1], dot[2], dot[3]),
-                                      _mm_set1_ps(scale)));
-        for (int64_t j = 0; j < 4 && i + j < n; ++j) scores[g * len + t0 + i + j] = four[j];
-      }
-  }
-  // Unnormalised weights; the sums divide the outputs at the end instead.
-  float inv[G];
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * len;
-    inv[g] = 1.f / exp_sum(sg, len, max_of(sg, len));
-  }
-  __m512 acc[G][D16];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  block = 0, offset = 0;
-  for (int64_t t = 0; t < len; ++t) {
-    const T* v = next_row(vh);
-    for (int d = 0; d < D16; ++d) {
-      const __m512 vv = load16(v + d * 16);
-      for (int g = 0; g < G; ++g)
-        acc[g][d] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * len + t]), vv, acc[g][d]);
-    }
-  }
-  for (int g = 0; g < G; ++g)
-    for (int d = 0; d < D16; ++d)
-      _mm512_storeu_ps(out + g * D + d * 16, _mm512_mul_ps(acc[g][d], _mm512_set1_ps(inv[g])));
-}
-
-using DecodeTask = void (*)(const float*, const void*, const void*, const int64_t*, int64_t,
-                            int64_t, int64_t, float, float*, float*);
-
-template <typename T, int D16, int G>
-void decode_task_erased(const float* q, const void* k, const void* v, const int64_t* table,
-                        int64_t len, int64_t block_size, int64_t block_stride, float scale,
-                        float* scores, float* out) {
-  decode_task<T, D16, G>(q, static_cast<const T*>(k), static_cast<const T*>(v), table, len,
-                         block_size, block_stride, scale, scores, out);
-}
-
-template <typename T, int D16>
-DecodeTask task_for_group(int64_t group) {
-  switch (group) {
-    case 1: return decode_task_erased<T, D16, 1>;
-    case 2: return decode_task_erased<T, D16, 2>;
-    case 3: return decode_task_erased<T, D16, 3>;
-    case 4: return decode_task_erased<T, D16, 4>;
-    case 5: return decode_task_erased<T, D16, 5>;
-    case 6: return decode_task_erased<T, D16, 6>;
-    case 7: return decode_task_erased<T, D16, 7>;
-    case 8: return decode_task_erased<T, D16, 8>;
-    default: return nullptr;
-  }
-}
-
-// The register-tiled task for this shape, or nullptr (the generic loop serves it).
-template <typename T>
-DecodeTask fast_task(int64_t head_dim, int64_t group) {
-  if (head_dim == 64) return task_for_group<T, 4>(group);
-  if (head_dim == 128) return task_for_group<T, 8>(group);
-  return nullptr;
-}
-#else
 using DecodeTask = void (*)(const float*, const void*, const void*, const int64_t*, int64_t,
                             int64_t, int64_t, float, float*, float*);
 

@@ -5,7 +5,7 @@
 //
 // At a few rows a projection is a read of its weight: each 32-value chunk of a weight
 // row is loaded once and multiplied into every x row by one AVX512-BF16 dot-product
-// instruction. Four weight rows per tile keep 4 x 4 accumulators in registers, and the four
+// instruction (without those, AVX-512 or AVX2: widened to float32 in registers, then FMA). Four weight rows per tile keep 4 x 4 accumulators in registers, and the four
 // row sums are reduced together (one horizontal-add tree instead of four). Measured on
 // SmolLM2-135M's shapes, 2 cores: one row reads the weights at the machine's measured read
 // bandwidth, where torch's BF16 matmul (oneDNN) reads them at 40% of it (bench/kernels.py).
@@ -24,12 +24,13 @@ namespace edgefire::fused {
 constexpr int64_t kTileRows = 4;  // weight rows per tile
 constexpr int64_t kChunk = 32;    // K must be a multiple: one dot-product instruction's width
 
-#if defined(__AVX512F__)
-using edgefire::simd::reduce4;
+#if defined(EDGEFIRE_SIMD)
+using namespace edgefire::simd;
 #endif
 
 #if defined(__AVX512BF16__)
-constexpr bool kNativeDot = true;
+constexpr const char* kIsa = "avx512bf16";
+constexpr int64_t kTileTokens = 4;  // x rows per tile: 4 x 4 accumulators in registers
 
 // Rows [n0, n0 + 4) of the weight against MB rows of x.
 template <int MB>
@@ -50,8 +51,37 @@ inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, int64_t n0, fl
   for (int j = 0; j < MB; ++j)
     _mm_storeu_ps(out + j * n_out + n0, reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
+#elif defined(EDGEFIRE_SIMD)
+// Without BF16 dot products both sides are widened to float32 in registers (x once per chunk
+// for all four weight rows) and multiplied with FMA. On AVX2 (16 registers) three x rows per
+// tile keep the 12 accumulators, the x chunks and a weight chunk in registers.
+constexpr const char* kIsa = kWidth == 16 ? "avx512" : "avx2";
+constexpr int64_t kTileTokens = kWidth == 16 ? 4 : 3;
+
+template <int MB>
+inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, int64_t n0, float* out,
+                 int64_t n_out) {
+  vf acc[kTileRows][MB];
+  for (auto& row : acc)
+    for (auto& a : row) a = vzero();
+  for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
+    for (int i = 0; i < kTileRows; ++i)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + i + kTileRows) * k + c0), _MM_HINT_T0);
+    for (int64_t c = c0; c < c0 + kChunk; c += kWidth) {
+      vf xv[MB];
+      for (int j = 0; j < MB; ++j) xv[j] = vload_bf16(x + j * k + c);
+      for (int i = 0; i < kTileRows; ++i) {
+        const vf wv = vload_bf16(w + (n0 + i) * k + c);
+        for (int j = 0; j < MB; ++j) acc[i][j] = vfmadd(wv, xv[j], acc[i][j]);
+      }
+    }
+  }
+  for (int j = 0; j < MB; ++j)
+    _mm_storeu_ps(out + j * n_out + n0, reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+}
 #else
-constexpr bool kNativeDot = false;
+constexpr const char* kIsa = "scalar";
+constexpr int64_t kTileTokens = 4;
 
 inline float widen(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
@@ -72,22 +102,20 @@ inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, int64_t n0, fl
 }
 #endif
 
-#if defined(__AVX512F__)
+#if defined(EDGEFIRE_SIMD)
 // INT8 rows [n0, n0 + 4) against MB rows of x widened to float32 (xf), times each row's BF16
 // scale. Integers up to 127 are exact in float32, so this is the dequantized weight's product.
 template <int MB>
 inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, int64_t k,
                       int64_t n0, float* out, int64_t n_out) {
-  __m512 acc[kTileRows][MB];
+  vf acc[kTileRows][MB];
   for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k; c += 16) {
+    for (auto& a : row) a = vzero();
+  for (int64_t c = 0; c < k; c += kWidth) {
     for (int i = 0; i < kTileRows; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + i + kTileRows) * k + c), _MM_HINT_T0);
-      const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + i) * k + c))));
-      for (int j = 0; j < MB; ++j)
-        acc[i][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xf + j * k + c), acc[i][j]);
+      const vf wv = vload_i8(w + (n0 + i) * k + c);
+      for (int j = 0; j < MB; ++j) acc[i][j] = vfmadd(wv, vload(xf + j * k + c), acc[i][j]);
     }
   }
   const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
@@ -110,14 +138,15 @@ inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, 
 #endif
 
 // Runs tile_for(MB, x row offset, n0) over every 4-row tile of the weight and every group of up
-// to four x rows, the weight's tiles split between the threads: each thread reads its part of
-// the weight once, multiplying it into all rows of x.
+// to kTileTokens x rows, the weight's tiles split between the threads: each thread reads its
+// part of the weight once, multiplying it into all rows of x.
 template <typename TileFor>
 inline void over_tiles(int64_t m, int64_t n, TileFor tile_for) {
   at::parallel_for(0, n / kTileRows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kTileRows;
-      for (int64_t m0 = 0; m0 < m; m0 += 4) tile_for(std::min<int64_t>(4, m - m0), m0, n0);
+      for (int64_t m0 = 0; m0 < m; m0 += kTileTokens)
+        tile_for(std::min<int64_t>(kTileTokens, m - m0), m0, n0);
     }
   });
 }

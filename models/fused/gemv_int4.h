@@ -1,10 +1,11 @@
 // Decode-sized INT4 matmul over torch's own CPU packing (torch._convert_weight_to_int4pack_for_cpu,
 // which the quant plugin keeps for prefill), so the fused step needs no copy of its own.
 //
-// That packing takes output rows in blocks of 64 and, per block, per input column k, 32 bytes:
-// byte j holds row j's value in its low nibble and row j + 32's in its high one. So a block is
-// multiplied as an outer product, a column at a time: the 64 rows' weights for column k widened
-// to four vectors, times x[k] broadcast, with no horizontal sums. Groups of `group` columns
+// That packing takes output rows in blocks of B (64 where torch runs AVX-512, 32 on AVX2:
+// plugins/quant/linear.py reads which) and, per block, per input column k, B / 2 bytes: byte
+// d holds row d's value in its low nibble and row d + B / 2's in its high one. So a block is
+// multiplied as an outer product, a column at a time: the rows' weights for column k widened
+// to vectors, times x[k] broadcast, with no horizontal sums. Groups of `group` columns
 // along k share a scale and a zero per row (torch's [groups, n, 2] BF16 `scales_zeros`, read
 // as it is): w = (q - 8) * scale + zero, so a row's sum is
 //   sum_g scale_g * (q . x)_g + (zero_g - 8 * scale_g) * sum_{k in g} x_k.
@@ -16,13 +17,9 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "../simd.h"
 
 namespace edgefire::fused {
-
-constexpr int64_t kInt4Block = 64;  // output rows per block of torch's packing
 
 inline float bf16_bits_to_float(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
@@ -31,68 +28,69 @@ inline float bf16_bits_to_float(uint16_t bits) {
   return f;
 }
 
-#if defined(__AVX512F__)
-// Block b's 64 rows against MB rows of x (float32 [MB][k]) with xsum [MB][groups].
+#if defined(EDGEFIRE_SIMD)
+using namespace edgefire::simd;
+constexpr int64_t kInt4Tokens = kWidth == 16 ? 2 : 1;  // x rows per pass: what fits registers
+
+// The block of `block` rows starting at row r0 against MB rows of x (float32 [MB][k]) with
+// xsum [MB][groups], 16 bytes of each column at a time: bytes [16h, 16h + 16) hold rows
+// 16h.. (low nibbles) and block / 2 + 16h.. (high), V = 32 / kWidth vectors of sums.
 template <int MB>
 inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
-                       const uint16_t* scales_zeros, int64_t k, int64_t group, int64_t n,
-                       int64_t b, float* out, int64_t n_out) {
-  const int64_t groups = k / group;
-  const uint8_t* wb = w + b * k * (kInt4Block / 2);
-  const __m512i low = _mm512_set1_epi32(0xF);
-  __m512 total[MB][4];
-  for (auto& row : total)
-    for (auto& t : row) t = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 acc[MB][4];
-    for (auto& row : acc)
-      for (auto& a : row) a = _mm512_setzero_ps();
-    for (int64_t c = g * group; c < (g + 1) * group; ++c) {
-      const uint8_t* col = wb + c * (kInt4Block / 2);
-      const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
-      const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 16)));
-      const __m512 q[4] = {  // rows 0-15, 16-31 (low nibbles), 32-47, 48-63 (high)
-          _mm512_cvtepi32_ps(_mm512_and_si512(first, low)),
-          _mm512_cvtepi32_ps(_mm512_and_si512(second, low)),
-          _mm512_cvtepi32_ps(_mm512_srli_epi32(first, 4)),
-          _mm512_cvtepi32_ps(_mm512_srli_epi32(second, 4))};
-      for (int j = 0; j < MB; ++j) {
-        const __m512 xv = _mm512_set1_ps(x[j * k + c]);
-        for (int r = 0; r < 4; ++r) acc[j][r] = _mm512_fmadd_ps(q[r], xv, acc[j][r]);
+                       const uint16_t* scales_zeros, int64_t k, int64_t group, int64_t block,
+                       int64_t n, int64_t r0, float* out, int64_t n_out) {
+  constexpr int V = 32 / kWidth, S = V / 2;
+  const int64_t groups = k / group, col_bytes = block / 2;
+  const uint8_t* wb = w + r0 * k / 2;
+  for (int64_t h = 0; h < col_bytes / 16; ++h) {
+    auto row_of = [&](int r) { return (r < S ? 0 : col_bytes) + 16 * h + (r % S) * kWidth; };
+    vf total[MB][V];
+    for (auto& row : total)
+      for (auto& t : row) t = vzero();
+    for (int64_t g = 0; g < groups; ++g) {
+      vf acc[MB][V];
+      for (auto& row : acc)
+        for (auto& a : row) a = vzero();
+      for (int64_t c = g * group; c < (g + 1) * group; ++c) {
+        const uint8_t* col = wb + c * col_bytes + 16 * h;
+        vf q[V];
+        for (int s = 0; s < S; ++s) vnibbles(col + s * kWidth, q[s], q[S + s]);
+        for (int j = 0; j < MB; ++j) {
+          const vf xv = vset1(x[j * k + c]);
+          for (int r = 0; r < V; ++r) acc[j][r] = vfmadd(q[r], xv, acc[j][r]);
+        }
+      }
+      const uint16_t* sz = scales_zeros + (g * n + r0) * 2;
+      for (int r = 0; r < V; ++r) {
+        vf scale, zero;
+        vload_bf16_pairs(sz + row_of(r) * 2, scale, zero);
+        const vf offset = vsub(zero, vmul(vset1(8.f), scale));
+        for (int j = 0; j < MB; ++j)
+          total[j][r] = vfmadd(acc[j][r], scale,
+                               vfmadd(offset, vset1(xsum[j * groups + g]), total[j][r]));
       }
     }
-    // 16 rows' (scale, zero) pairs are 32 BF16 words: as 32-bit lanes, scale low, zero high.
-    const uint16_t* sz = scales_zeros + (g * n + b * kInt4Block) * 2;
-    for (int r = 0; r < 4; ++r) {
-      const __m512i pairs = _mm512_loadu_si512(sz + r * 32);
-      const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-      const __m512 zero = _mm512_castsi512_ps(
-          _mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-      const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), scale, zero);
-      for (int j = 0; j < MB; ++j)
-        total[j][r] = _mm512_fmadd_ps(acc[j][r], scale, _mm512_fmadd_ps(
-            offset, _mm512_set1_ps(xsum[j * groups + g]), total[j][r]));
-    }
+    for (int j = 0; j < MB; ++j)
+      for (int r = 0; r < V; ++r) vstore(out + j * n_out + r0 + row_of(r), total[j][r]);
   }
-  for (int j = 0; j < MB; ++j)
-    for (int r = 0; r < 4; ++r)
-      _mm512_storeu_ps(out + j * n_out + b * kInt4Block + r * 16, total[j][r]);
 }
 #else
+constexpr int64_t kInt4Tokens = 1;
+
 template <int MB>
 inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
-                       const uint16_t* scales_zeros, int64_t k, int64_t group, int64_t n,
-                       int64_t b, float* out, int64_t n_out) {
-  const int64_t groups = k / group;
+                       const uint16_t* scales_zeros, int64_t k, int64_t group, int64_t block,
+                       int64_t n, int64_t r0, float* out, int64_t n_out) {
+  const int64_t groups = k / group, col_bytes = block / 2;
   for (int j = 0; j < MB; ++j)
-    for (int64_t i = 0; i < kInt4Block; ++i) {
-      const int64_t row = b * kInt4Block + i;
+    for (int64_t i = 0; i < block; ++i) {
+      const int64_t row = r0 + i;
       float total = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
         float acc = 0.f;
         for (int64_t c = g * group; c < (g + 1) * group; ++c) {
-          const uint8_t byte = w[(b * k + c) * (kInt4Block / 2) + i % 32];
-          acc += static_cast<float>(i < 32 ? byte & 15 : byte >> 4) * x[j * k + c];
+          const uint8_t byte = w[r0 * k / 2 + c * col_bytes + i % col_bytes];
+          acc += static_cast<float>(i < col_bytes ? byte & 15 : byte >> 4) * x[j * k + c];
         }
         const float scale = bf16_bits_to_float(scales_zeros[(g * n + row) * 2]);
         const float zero = bf16_bits_to_float(scales_zeros[(g * n + row) * 2 + 1]);
@@ -104,21 +102,22 @@ inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
 #endif
 
 // x [m, k] float32 with xsum [m, k / group] (each group's sum of x), w torch's packing of an
-// [n, k] weight, scales_zeros [k / group, n, 2] BF16 bits, out [m, n] float32; n % 64 == 0.
-// Blocks are split between the threads; x rows go two at a time (registers: 2 x 4 sums and
-// 2 x 4 totals), a block's packed bytes staying in L1 for the next pair.
+// [n, k] weight in blocks of `block` rows, scales_zeros [k / group, n, 2] BF16 bits, out
+// [m, n] float32; n % block == 0. Blocks are split between the threads; x rows go
+// kInt4Tokens at a time, a block's packed bytes staying in L1 for the next ones.
 inline void gemv_int4(const float* x, const float* xsum, int64_t m, int64_t k, int64_t group,
-                      const uint8_t* w, const uint16_t* scales_zeros, int64_t n, float* out) {
+                      int64_t block, const uint8_t* w, const uint16_t* scales_zeros, int64_t n,
+                      float* out) {
   const int64_t groups = k / group;
-  at::parallel_for(0, n / kInt4Block, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n / block, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
-      for (int64_t m0 = 0; m0 < m; m0 += 2) {
+      for (int64_t m0 = 0; m0 < m; m0 += kInt4Tokens) {
         const float* xm = x + m0 * k;
         const float* sm = xsum + m0 * groups;
-        if (m - m0 >= 2)
-          block_int4<2>(xm, sm, w, scales_zeros, k, group, n, b, out + m0 * n, n);
+        if (m - m0 >= 2 && kInt4Tokens == 2)
+          block_int4<2>(xm, sm, w, scales_zeros, k, group, block, n, b * block, out + m0 * n, n);
         else
-          block_int4<1>(xm, sm, w, scales_zeros, k, group, n, b, out + m0 * n, n);
+          block_int4<1>(xm, sm, w, scales_zeros, k, group, block, n, b * block, out + m0 * n, n);
       }
   });
 }

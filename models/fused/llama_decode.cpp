@@ -192,7 +192,7 @@ torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
-  m.attr("native_dot") = edgefire::fused::kNativeDot;
+  m.attr("isa") = edgefire::fused::kIsa;
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double,
                           std::vector<pybind11::object>, std::vector<torch::Tensor>,

@@ -6,8 +6,8 @@ batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed
 Anything else (prefill, larger batches) runs the torch path, as do models whose projections
 are in a form the step cannot read. It reads the tensors the model holds, no copies: BF16
 tensors, and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in], BF16
-scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing and its BF16 scales_zeros
-[groups, out, 2] (or None), or `row_decoder()` -> a PyCapsule of the codec's own row
+scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its BF16 scales_zeros
+[groups, out, 2] and the packing's rows per block (or None), or `row_decoder()` -> a PyCapsule of the codec's own row
 decoder (row_decoder.h), or None.
 """
 
@@ -53,8 +53,8 @@ class FusedLlamaDecode:
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
         """The fused step for these weights, or None when they or the CPU cannot take it."""
         kernel = fused_kernels()
-        if kernel is None or not kernel.native_dot:
-            return None  # without AVX512-BF16 dot products torch's matmul is as fast
+        if kernel is None or kernel.isa == "scalar":
+            return None  # without vector units (AVX2 at least) torch's matmul is as fast
         norms = [weights.final_norm,
                  *(t for layer in weights.layers for t in (layer.attn_norm, layer.mlp_norm))]
         if not all(_is_bf16(t) for t in norms):
@@ -100,6 +100,6 @@ def weight_form(projection: object) -> list[Any] | None:
         return list(int8())
     if (int4 := getattr(projection, "int4_groupwise", None)) is not None:
         packed = int4()
-        # torch's packing goes by blocks of 64 output rows (gemv_int4.h)
-        return None if packed is None or packed[0].shape[0] % 64 else list(packed)
+        # torch's packing goes by blocks of output rows (gemv_int4.h)
+        return None if packed is None or packed[0].shape[0] % packed[2] else list(packed)
     return None

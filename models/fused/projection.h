@@ -26,12 +26,12 @@ inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, con
 }
 
 // One projection's weight, in one of four forms: {BF16 [n, k]}; {INT8 [n, k], BF16 row scales
-// [n]}; {INT4 in torch's CPU packing [n, k / 2], BF16 scales_zeros [k / group, n, 2]}
-// (gemv_int4.h); or a codec's RowDecoder (row_decoder.h), from a PyCapsule. The fused step
+// [n]}; {INT4 in torch's CPU packing [n, k / 2], BF16 scales_zeros [k / group, n, 2], rows
+// per packing block} (gemv_int4.h); or a codec's RowDecoder (row_decoder.h), from a PyCapsule. The fused step
 // reads the tensors the model already holds: no copies.
 struct Proj {
   torch::Tensor w, scales;
-  int64_t group = 0;
+  int64_t group = 0, block = 0;  // INT4: columns per scale, rows per packing block
   const RowDecoder* decoder = nullptr;
   pybind11::object keep;  // the decoder's capsule
 
@@ -54,20 +54,24 @@ struct Proj {
       check_weight(w, rows, cols, name);
       return;
     }
-    TORCH_CHECK(form.size() == 2, name, ": a quantized weight and its scales");
+    TORCH_CHECK(form.size() == 2 || form.size() == 3, name,
+                ": a quantized weight, its scales (and INT4's rows per packing block)");
     scales = form[1].cast<torch::Tensor>();
     TORCH_CHECK(w.is_contiguous() && scales.is_contiguous() &&
                     scales.scalar_type() == torch::kBFloat16, name, ": contiguous, BF16 scales");
-    if (w.scalar_type() == torch::kChar) {
-      TORCH_CHECK(w.dim() == 2 && w.size(0) == rows && w.size(1) == cols &&
-                      scales.numel() == rows, name, ": int8 [rows, cols], one scale per row");
+    if (form.size() == 2) {
+      TORCH_CHECK(w.scalar_type() == torch::kChar && w.dim() == 2 && w.size(0) == rows &&
+                      w.size(1) == cols && scales.numel() == rows,
+                  name, ": int8 [rows, cols], one scale per row");
       return;
     }
-    TORCH_CHECK(w.scalar_type() == torch::kByte && w.dim() == 2 && w.size(0) == rows &&
-                    w.size(1) == cols / 2 && rows % kInt4Block == 0 && scales.dim() == 3 &&
-                    scales.size(1) == rows && scales.size(2) == 2 && cols % scales.size(0) == 0,
-                name, ": int4 in torch's CPU packing [rows, cols / 2] with scales_zeros "
-                      "[groups, rows, 2]");
+    block = form[2].cast<int64_t>();
+    TORCH_CHECK((block == 32 || block == 64) && w.scalar_type() == torch::kByte &&
+                    w.dim() == 2 && w.size(0) == rows && w.size(1) == cols / 2 &&
+                    rows % block == 0 && scales.dim() == 3 && scales.size(1) == rows &&
+                    scales.size(2) == 2 && cols % scales.size(0) == 0,
+                name, ": int4 in torch's CPU packing [rows, cols / 2] in blocks of 32 or 64 rows, "
+                      "with scales_zeros [groups, rows, 2]");
     group = cols / scales.size(0);
   }
 
@@ -87,8 +91,8 @@ struct Proj {
       gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out);
     } else {
       widen_with_group_sums(x.data(), m, k, group, xf.data(), xsum.data());
-      gemv_int4(xf.data(), xsum.data(), m, k, group, w.data_ptr<uint8_t>(), bits(scales), n,
-                out);
+      gemv_int4(xf.data(), xsum.data(), m, k, group, block, w.data_ptr<uint8_t>(),
+                bits(scales), n, out);
     }
   }
 

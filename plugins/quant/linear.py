@@ -10,6 +10,7 @@ in time and lets the dense copy go.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -119,11 +120,31 @@ class Int4Linear:
         groups = q.float().view(q.shape[0], -1, self.group_size) - 8
         return (groups * scale[..., None] + zero[..., None]).reshape(q.shape)
 
-    def int4_groupwise(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(packed, scales_zeros) for kernels that read torch's CPU INT4 packing themselves
-        (models/fused/gemv_int4.h); None for the plain nibbles kept where torch has no INT4
-        kernel."""
-        return (self.packed, self.scales_zeros) if self.use_kernel else None
+    def int4_groupwise(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """(packed, scales_zeros, rows per packing block) for kernels that read torch's CPU
+        INT4 packing themselves (models/fused/gemv_int4.h); None for the plain nibbles kept
+        where torch has no INT4 kernel, or a packing those kernels do not read."""
+        block = int4_pack_block()
+        if not self.use_kernel or block is None:
+            return None
+        return self.packed, self.scales_zeros, block
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.packed, self.scales_zeros
+
+
+@functools.cache
+def int4_pack_block() -> int | None:
+    """Output rows per block of torch's CPU INT4 packing in this process, or None.
+
+    The packing follows the vector width torch dispatches to: blocks of 64 rows on AVX-512,
+    byte d of a column holding row d (low nibble) and row d + 32 (high); 32 rows on AVX2, rows
+    d and d + 16; adjacent row pairs without vectors (None: no block layout). Read off one
+    packed weight rather than the CPU flags, since ATEN_CPU_CAPABILITY can lower the width.
+    """
+    if not HAS_INT4_KERNEL:
+        return None
+    # Row r holds r // 16 + 1, so byte 0 names the row paired with row 0.
+    q = (torch.arange(64, dtype=torch.int32) // 16 + 1)[:, None].expand(64, 64).contiguous()
+    high = int(torch._convert_weight_to_int4pack_for_cpu(q, 1).reshape(-1)[0]) >> 4
+    return {3: 64, 2: 32}.get(high)

@@ -1,10 +1,15 @@
 """Per-step choice of compute dtype.
 
-Which dtype is faster on CPU depends on the step's token count and on the CPU: with native
-bfloat16 dot products (AVX512_BF16, AMX) bfloat16 wins at every batch size; without them,
-float32 matrix-vector products beat emulated bfloat16 while bfloat16 matrix-matrix products
-still win once a step carries enough tokens (README, "Precision", has the measurements).
-"auto" picks per CPU, and per step by token count where the two differ.
+Which dtype is faster on CPU depends on the step's token count and on the CPU (README,
+"Precision", has the measurements). "auto" picks per CPU, and per step by token count where
+the two differ:
+- native bfloat16 dot products (AVX512_BF16, AMX): bfloat16 at every batch size;
+- AVX-512 without them: float32 below `min_large_tokens`, where its matrix-vector products
+  beat emulated bfloat16, and bfloat16 above, where oneDNN's emulated GEMM still wins;
+- AVX2 only: the other way round. torch's bfloat16 GEMM there is a slow fallback (7x float32
+  at 64 rows, 100x+ on a prefill's [1024, 1024]), while a decode step of up to
+  AVX2_BFLOAT16_MAX_TOKENS tokens runs in models/fused, which reads bfloat16 weights (half
+  float32's bytes) widened in registers: bfloat16 up to there, float32 above.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ import torch
 from edgefire.contract.errors import InvalidInputError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# models/fused's MAX_ROWS: the largest decode step its bfloat16 path takes (measured on AVX2,
+# SmolLM2, 2 cores: 12 rows 52 ms fused bfloat16 vs 162 ms float32 torch; 16 rows, torch only:
+# 277 ms bfloat16 vs 151 ms float32).
+AVX2_BFLOAT16_MAX_TOKENS = 12
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,8 +39,13 @@ class Precision:
     @classmethod
     def parse(cls, name: str, min_large_tokens: int = 8) -> Precision:
         if name == "auto":
-            small = torch.bfloat16 if _native_bfloat16() else torch.float32
-            return cls(small, torch.bfloat16, min_large_tokens, torch.bfloat16)
+            bf16, fp32 = torch.bfloat16, torch.float32
+            cpu = _cpu_class()
+            if cpu == "native_bfloat16":
+                return cls(bf16, bf16, 0, bf16)
+            if cpu == "avx2":
+                return cls(bf16, fp32, AVX2_BFLOAT16_MAX_TOKENS + 1, bf16)
+            return cls(fp32, bf16, min_large_tokens, bf16)
         if name not in _NAMED:
             raise InvalidInputError(f"dtype must be one of auto, {', '.join(_NAMED)}",
                                     field="dtype")
@@ -47,9 +61,14 @@ class Precision:
 
 
 @functools.cache
-def _native_bfloat16() -> bool:
+def _cpu_class() -> str:
+    """native_bfloat16, avx512, avx2 or other, from the CPU's flags."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+        return "other"
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return "native_bfloat16"
+    if "avx512f" in flags:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else "other"
