@@ -114,7 +114,7 @@ def render_markdown(result: dict) -> str:
             + (f" plus {kv['real_model_local_bfloat16_per_sequence']} per sequence for its "
                "chunked-local layers" if "real_model_local_bfloat16_per_sequence" in kv else "")
             + f". Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
-            f"{roof.get('bf16_gemm_tflop_s')} bf16 GEMM TFLOP/s."
+            f"{roof.get('gemm_tflop_s')} {roof.get('gemm_dtype')} GEMM TFLOP/s."
             + f"\n\n{table}\n{targets}" + (f"\n{variants}" if ll.get("variants") else ""))
 
 

@@ -153,7 +153,8 @@ def render(result: dict) -> str:
           s["host_overhead_us"], s["tok_s"], round(weight_mb / s["model_ms"], 1)]
          for s in result["steps"].values()])
     return (f"# Decode kernels (SmolLM2-135M shapes)\n\nMachine: measured read bandwidth "
-            f"{bw} GB/s, BF16 GEMM {result['roofline']['bf16_gemm_tflop_s']} TFLOP/s. "
+            f"{bw} GB/s, {result['roofline']['gemm_dtype']} GEMM "
+            f"{result['roofline']['gemm_tflop_s']} TFLOP/s. "
             f"torch: oneDNN BF16 matmul, torch's INT8/INT4 weight-only kernels; weights "
             f"streamed from memory.\n\n{shapes}\n## BF16 decode step (SmolLM2, weights "
             f"{weight_mb:.0f} MB)\n\n{steps}")

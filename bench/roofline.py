@@ -1,7 +1,10 @@
-"""The machine's roofline as the benches see it: read bandwidth and bf16 GEMM throughput.
+"""The machine's roofline as the benches see it: read bandwidth and GEMM throughput.
 
 Decode speed is bounded by how fast weights are read, prefill by matmul throughput, so every
 result file records both, measured the same way, to tell a slower machine from a slower engine.
+The GEMM is measured in the dtype the engine's batched steps compute in on this CPU
+(EngineConfig(dtype="auto"): bfloat16, or float32 on AVX2-only CPUs, where torch's bfloat16
+GEMM is a slow fallback), so "fraction of the GEMM roofline" compares like with like.
 `measure_roofline()` measures in a child process: the 512 MiB buffer would otherwise raise the
 calling bench's peak RSS (ru_maxrss), which the benches report.
 
@@ -39,28 +42,33 @@ def _read_seconds(torch: ModuleType) -> float:
     return min(_best_seconds(lambda: x.sum()), _best_seconds(lambda: torch.mv(rows, v)))
 
 
-def _gemm_seconds(torch: ModuleType) -> float:
-    a, b = (torch.randn(GEMM_N, GEMM_N).to(torch.bfloat16) for _ in range(2))
+def _gemm_seconds(torch: ModuleType, dtype: object) -> float:
+    a, b = (torch.randn(GEMM_N, GEMM_N).to(dtype) for _ in range(2))
     return _best_seconds(lambda: torch.mm(a, b))
 
 
 def _measure() -> dict:
     import torch
 
+    from edgefire.runtime.engine.precision import Precision
+
     torch.set_num_threads(THREADS)
-    read_s, gemm_s = _read_seconds(torch), _gemm_seconds(torch)
+    dtype = Precision.parse("auto").large
+    name = str(dtype).removeprefix("torch.")
+    read_s, gemm_s = _read_seconds(torch), _gemm_seconds(torch, dtype)
     return {"threads": THREADS,
             "read_gb_s": round(READ_BYTES / read_s / 1e9, 2),
             "read_method": f"faster of torch.sum and torch.mv over {READ_BYTES >> 20} MiB "
                            f"float32, best of {REPEATS}",
-            "bf16_gemm_tflop_s": round(2 * GEMM_N**3 / gemm_s / 1e12, 3),
-            "gemm_method": f"torch.mm bf16 [{GEMM_N},{GEMM_N}]x[{GEMM_N},{GEMM_N}], "
+            "gemm_dtype": name,
+            "gemm_tflop_s": round(2 * GEMM_N**3 / gemm_s / 1e12, 3),
+            "gemm_method": f"torch.mm {name} [{GEMM_N},{GEMM_N}]x[{GEMM_N},{GEMM_N}], "
                            f"best of {REPEATS}",
             "torch": torch.__version__}
 
 
 def measure_roofline() -> dict:
-    """Read GB/s and bf16 GEMM TFLOP/s on THREADS threads, measured in a child process."""
+    """Read GB/s and GEMM TFLOP/s on THREADS threads, measured in a child process."""
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run([sys.executable, "-m", "bench.roofline"], cwd=root, check=True,

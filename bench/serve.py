@@ -180,7 +180,7 @@ def render(levels: list[dict], peer: dict, vs: dict, roof: dict) -> str:
          "TTFT p99 (lower: edgefire ahead)"],
         [[c, v["output_tok_s"], v["itl_p99_ms"], v["ttft_p99_ms"]] for c, v in vs.items()])
     return (f"Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
-            f"{roof.get('bf16_gemm_tflop_s')} bf16 GEMM TFLOP/s.\n\n{table}"
+            f"{roof.get('gemm_tflop_s')} {roof.get('gemm_dtype')} GEMM TFLOP/s.\n\n{table}"
             + (f"\nedgefire / llama-server:\n\n{ratios}" if vs else ""))
 
 
