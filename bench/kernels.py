@@ -21,6 +21,7 @@ from bench.roofline import measure_roofline
 from edgefire.models.fused import fused_kernels, weight_form
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
+from edgefire.runtime.engine.precision import Precision
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 # SmolLM2-135M's projections [out, in].
@@ -47,10 +48,13 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
 
 def _forms(w: torch.Tensor) -> dict[str, tuple[list[torch.Tensor], Callable]]:
     """Per weight form: the tensors the fused step reads, and torch's own matmul for the same
-    form (oneDNN BF16; torch's INT8 and INT4 weight-only kernels, as the quant plugin uses)."""
+    form (BF16: the faster of oneDNN's BF16 and torch's float32 matmul, which on AVX2-only
+    CPUs is the one that is fast; torch's INT8 and INT4 weight-only kernels, as the quant
+    plugin uses)."""
     int8 = Int8Linear.quantize(w)
-    bf16 = w.bfloat16()
+    bf16, fp32 = w.bfloat16(), w.bfloat16().float()
     forms = {"bf16": ([bf16], lambda x: F.linear(x, bf16)),
+             "bf16_vs_torch_float32": ([bf16], lambda x: F.linear(x.float(), fp32)),
              "int8": (weight_form(int8), int8.linear)}
     if HAS_INT4_KERNEL:  # both read torch's INT4 packing
         int4 = Int4Linear.quantize(w, 32)
@@ -70,6 +74,7 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
             copies = -(-STREAM_BYTES // nbytes)
             native_copies = [[x.clone() for x in tensors] for _ in range(copies)]
             # torch's form is the same weight: its bytes stream the same way when cycled
+            # ("torch GB/s" counts the fused form's bytes, so the columns compare times)
             per_rows = {}
             for rows in rows_list:
                 x = torch.randn(rows, k).bfloat16()
@@ -88,9 +93,10 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
 
 
 def step_times(llm: LLM, rows_list: list[int], steps: int) -> dict[str, dict]:
-    """ms per decode step of `rows` sequences, fused and through torch, timing the engine's
-    runner (forward and logits) apart from the rest of the step (scheduling, metadata,
-    sampling, detokenizing): the host's overhead per step."""
+    """ms per decode step of `rows` sequences, fused and through torch (in BF16, and in
+    float32 where the model holds it: AVX2-only CPUs), timing the engine's runner (forward and
+    logits) apart from the rest of the step (scheduling, metadata, sampling, detokenizing):
+    the host's overhead per step."""
     engine = llm.engine
     runner = engine.runner
     inner = runner.execute
@@ -105,13 +111,17 @@ def step_times(llm: LLM, rows_list: list[int], steps: int) -> dict[str, dict]:
     runner.execute = timed
     prompt = llm.tokenizer.encode("The history of Frankfurt am Main " * 40)[:256]
     out: dict[str, dict] = {}
+    precision = runner.precision
+    paths = [("fused", True, precision), ("torch", False, precision)]
+    if torch.float32 in precision.dtypes:
+        paths.append(("torch_float32", False, Precision.parse("float32")))
     try:
-        for fused in (True, False):
+        for path, fused, runner.precision in paths:
             llm.model.fused_decode = fused
             for rows in rows_list:
                 params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
                 for i in range(rows):  # distinct prompts: the prefix cache must not join them
-                    engine.add_request(f"k{fused}{rows}-{i}", [i + 1, *prompt], params)
+                    engine.add_request(f"k{path}{rows}-{i}", [i + 1, *prompt], params)
                 while any(s.num_computed_tokens < s.num_prompt_tokens
                           for s in [*engine.scheduler.waiting, *engine.scheduler.running]):
                     engine.step()
@@ -123,14 +133,15 @@ def step_times(llm: LLM, rows_list: list[int], steps: int) -> dict[str, dict]:
                     count += 1
                 wall = (time.perf_counter() - start) / count
                 model = sum(spent) / len(spent)
-                key = f"{'fused' if fused else 'torch'}_{rows}"
-                out[key] = {"fused": fused, "rows": rows, "step_ms": round(wall * 1e3, 3),
+                key = f"{path}_{rows}"
+                out[key] = {"path": path, "fused": fused, "rows": rows,
+                            "step_ms": round(wall * 1e3, 3),
                             "model_ms": round(model * 1e3, 3),
                             "host_overhead_us": round((wall - model) * 1e6, 1),
                             "tok_s": round(rows / wall, 1)}
                 log(f"{key}: {out[key]}")
     finally:
-        runner.execute = inner
+        runner.execute, runner.precision = inner, precision
         llm.model.fused_decode = True
     return out
 
@@ -149,7 +160,7 @@ def render(result: dict) -> str:
     weight_mb = result["weight_bytes"] / 1e6
     steps = markdown_table(
         ["path", "rows", "step ms", "model ms", "host overhead us", "tok/s", "weights GB/s"],
-        [[("fused" if s["fused"] else "torch"), s["rows"], s["step_ms"], s["model_ms"],
+        [[s["path"], s["rows"], s["step_ms"], s["model_ms"],
           s["host_overhead_us"], s["tok_s"], round(weight_mb / s["model_ms"], 1)]
          for s in result["steps"].values()])
     return (f"# Decode kernels (SmolLM2-135M shapes)\n\nMachine: measured read bandwidth "
@@ -173,7 +184,8 @@ def main() -> None:
     rows_list = [1, 4] if args.quick else [1, 2, 4, 8, 16]
     shapes = shape_rates(rows_list, 3 if args.quick else 10)
     # Drafts off: each step here is exactly `rows` decode rows (bench/engine.py measures them on).
-    llm = LLM(MODEL, engine_config=EngineConfig(dtype="bfloat16", speculative="off"))
+    # "auto" holds BF16 (the fused step's) and, where its batched steps use it, float32 too.
+    llm = LLM(MODEL, engine_config=EngineConfig(dtype="auto", speculative="off"))
     steps = step_times(llm, [1, 4] if args.quick else [1, 4, 8], 16 if args.quick else 64)
     result = {"bench": "kernels", "machine": machine_info(), "roofline": roofline,
               "model": MODEL, "weight_bytes": llm.model.weight_bytes, "shapes": shapes,

@@ -7,8 +7,8 @@ Anything else (prefill, larger batches) runs the torch path, as do models whose 
 are in a form the step cannot read. It reads the tensors the model holds, no copies: BF16
 tensors, and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in], BF16
 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its BF16 scales_zeros
-[groups, out, 2] and the packing's rows per block (or None), or `row_decoder()` -> a PyCapsule of the codec's own row
-decoder (row_decoder.h), or None.
+[groups, out, 2] and the packing's rows per block (or None), or `row_decoder()` -> a PyCapsule
+of the codec's own row decoder (row_decoder.h), or None.
 """
 
 from __future__ import annotations

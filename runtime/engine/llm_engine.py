@@ -54,9 +54,10 @@ def _invariant_rows(model: CausalLM, precision: Precision) -> int:
     rows = getattr(model, "batch_invariant_decode_rows", None)
     if rows is None:
         return 0
-    dtype = precision.for_step(1)
+    dtype = precision.for_step(1, decodes_only=True)
     limit = rows(dtype)
-    return limit if all(precision.for_step(n) == dtype for n in range(1, limit + 1)) else 0
+    return limit if all(precision.for_step(n, decodes_only=True) == dtype
+                        for n in range(1, limit + 1)) else 0
 
 
 class StepFailedError(RuntimeError):

@@ -51,15 +51,15 @@ class ModelRunner:
         sequence verifying drafts: once per row, in order)."""
         work = list(zip(batch.seqs, batch.num_scheduled_tokens, strict=True))
         if not any(seq.deterministic for seq in batch.seqs):
-            return self._forward(work, self.precision.for_step(batch.num_batched_tokens), None)
+            return self._forward(work, self._dtype(work), None)
         # Deterministic sequences (runtime/engine/deterministic.py) get passes whose shapes and
         # dtype depend on nothing else in the step: each prefill chunk alone, and all decodes
         # together in the one-token dtype with fixed row blocks. The rest run as usual.
         shared = [(seq, n) for seq, n in work if not seq.deterministic]
         decodes = [(seq, n) for seq, n in work if seq.deterministic and n == 1]
-        passes = [(shared, self.precision.for_step(sum(n for _, n in shared)), None),
-                  (decodes, self.precision.for_step(1), ROW_BLOCK)]
-        passes += [([(seq, n)], self.precision.for_step(n), None)
+        passes = [(shared, self._dtype(shared), None),
+                  (decodes, self.precision.for_step(1, decodes_only=True), ROW_BLOCK)]
+        passes += [([(seq, n)], self._dtype([(seq, n)]), None)
                    for seq, n in work if seq.deterministic and n > 1]
         sample_seqs: list[Sequence] = []
         logits: list[torch.Tensor] = []
@@ -69,6 +69,10 @@ class ModelRunner:
                 sample_seqs += seqs
                 logits.append(rows)
         return sample_seqs, torch.cat(logits)
+
+    def _dtype(self, work: list[tuple[Sequence, int]]) -> torch.dtype:
+        decodes_only = all(n == 1 or seq.num_draft for seq, n in work)
+        return self.precision.for_step(sum(n for _, n in work), decodes_only)
 
     def _forward(self, work: list[tuple[Sequence, int]], dtype: torch.dtype,
                  row_block: int | None) -> tuple[list[Sequence], torch.Tensor]:

@@ -8,8 +8,8 @@ the two differ:
   beat emulated bfloat16, and bfloat16 above, where oneDNN's emulated GEMM still wins;
 - AVX2 only: the other way round. torch's bfloat16 GEMM there is a slow fallback (7x float32
   at 64 rows, 100x+ on a prefill's [1024, 1024]), while a decode step of up to
-  AVX2_BFLOAT16_MAX_TOKENS tokens runs in models/fused, which reads bfloat16 weights (half
-  float32's bytes) widened in registers: bfloat16 up to there, float32 above.
+  AVX2_BFLOAT16_MAX_TOKENS decodes runs in models/fused, which reads bfloat16 weights (half
+  float32's bytes) widened in registers: bfloat16 for such steps, float32 for the rest.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class Precision:
     large: torch.dtype
     min_large_tokens: int
     kv: torch.dtype
+    # `small` only for steps of decodes alone (AVX2: only those reach models/fused, and a
+    # prompt chunk in bfloat16 would meet torch's slow bfloat16 GEMM).
+    small_decodes_only: bool = False
 
     @classmethod
     def parse(cls, name: str, min_large_tokens: int = 8) -> Precision:
@@ -44,7 +47,7 @@ class Precision:
             if cpu == "native_bfloat16":
                 return cls(bf16, bf16, 0, bf16)
             if cpu == "avx2":
-                return cls(bf16, fp32, AVX2_BFLOAT16_MAX_TOKENS + 1, bf16)
+                return cls(bf16, fp32, AVX2_BFLOAT16_MAX_TOKENS + 1, bf16, True)
             return cls(fp32, bf16, min_large_tokens, bf16)
         if name not in _NAMED:
             raise InvalidInputError(f"dtype must be one of auto, {', '.join(_NAMED)}",
@@ -56,8 +59,12 @@ class Precision:
     def dtypes(self) -> tuple[torch.dtype, ...]:
         return (self.small,) if self.small == self.large else (self.small, self.large)
 
-    def for_step(self, num_tokens: int) -> torch.dtype:
-        return self.large if num_tokens >= self.min_large_tokens else self.small
+    def for_step(self, num_tokens: int, decodes_only: bool = False) -> torch.dtype:
+        """The dtype of a step of num_tokens tokens (decodes_only: every one a sequence's next
+        token or a draft being verified, no prompt chunk)."""
+        if num_tokens >= self.min_large_tokens or (self.small_decodes_only and not decodes_only):
+            return self.large
+        return self.small
 
 
 @functools.cache
