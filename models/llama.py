@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
-from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode
+from edgefire.models.fused import FusedLlamaDecode
 from edgefire.models.precision import dense_precision, per_dtype, storage_bytes
 from edgefire.models.rotary import RotaryEmbedding
 from edgefire.models.row_buckets import blocked_linear, dense_linear
@@ -159,7 +159,7 @@ class LlamaForCausalLM(PagedGQADecoder):
         (bit for bit): the fused step's, or none. Speculative decoding verifies drafts only
         within this, so its greedy output is exactly that of one-token steps."""
         fused = self._fused_step()
-        return MAX_ROWS if fused is not None and dtype == torch.bfloat16 else 0
+        return fused.max_rows if fused is not None and dtype == torch.bfloat16 else 0
 
     def _fused_step(self) -> FusedLlamaDecode | None:
         if not self._fused_built:
@@ -235,7 +235,7 @@ class LlamaForCausalLM(PagedGQADecoder):
         """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
         fused = self._fused_step()
         if (fused is not None and hidden.dtype == torch.bfloat16 and row_block is None
-                and 0 < hidden.shape[0] <= MAX_ROWS):
+                and 0 < hidden.shape[0] <= fused.max_rows):
             return fused.logits(hidden)
         return _linear(hidden, self.params[hidden.dtype].lm_head, row_block).float()
 

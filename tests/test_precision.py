@@ -46,6 +46,6 @@ def test_named_dtypes_ignore_the_cpu(cpu):
 
 
 def test_avx2_limit_is_the_fused_steps_rows():
-    from edgefire.models.fused import MAX_ROWS
+    from edgefire.models.fused import MAX_ROWS_BY_ISA
 
-    assert AVX2_BFLOAT16_MAX_TOKENS == MAX_ROWS
+    assert MAX_ROWS_BY_ISA["avx2"] == AVX2_BFLOAT16_MAX_TOKENS

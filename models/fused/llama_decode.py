@@ -1,7 +1,7 @@
 """The fused Llama decode step over a model's own weights, and when a step may take it.
 
 A step takes it when every token in it is a decode (one new token per sequence, no prompt
-chunk), it has at most MAX_ROWS of them, it computes in BF16 over a BF16 KV cache, and no
+chunk), it has at most max_rows of them (per ISA), it computes in BF16 over a BF16 KV cache, and no
 batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed blocks).
 Anything else (prefill, larger batches) runs the torch path, as do models whose projections
 are in a form the step cannot read. It reads the tensors the model holds, no copies: BF16
@@ -24,11 +24,15 @@ from edgefire.models.rotary import RotaryEmbedding
 
 fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name("llama_decode.cpp"))
 
-# The whole step fused against through torch, SmolLM2 BF16, two threads (ms a step):
-# 8 rows 22.9 vs 35.9, 12 rows 31.6 vs 39.0, 16 rows 41.2 vs 42.7, 24 rows 55.0 vs 50.2. Past
-# a few rows the dot-product matmuls are compute-bound (bench/kernels.py) while oneDNN's GEMM
-# is not, and the host time saved no longer covers it.
+# The most decode rows the fused step takes, by the kernel's ISA (default MAX_ROWS). The whole
+# step fused against through torch, SmolLM2, two threads (ms a step): with AVX512-BF16 (torch
+# in BF16 on AMX) 8 rows 22.9 vs 35.9, 12 rows 31.6 vs 39.0, 16 rows 41.2 vs 42.7, 24 rows
+# 55.0 vs 50.2: past a few rows the dot-product matmuls are compute-bound (bench/kernels.py)
+# while oneDNN's GEMM is not, and the host time saved no longer covers it. On AVX2 (torch in
+# float32, its fast dtype there) the fused step wins at every decode size the engine makes:
+# 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (AMD EPYC, Zen 3).
 MAX_ROWS = 12
+MAX_ROWS_BY_ISA = {"avx2": 64}
 
 
 class FusedLlamaDecode:
@@ -41,6 +45,7 @@ class FusedLlamaDecode:
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
         self.kernel = kernel
+        self.max_rows = MAX_ROWS_BY_ISA.get(kernel.isa, MAX_ROWS)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
         self.step = kernel.LlamaDecode(
@@ -69,10 +74,9 @@ class FusedLlamaDecode:
             return None
         return cls(kernel, config, weights, forms)
 
-    @staticmethod
-    def takes(num_tokens: int, meta: AttentionMetadata, kv_cache: torch.Tensor,
+    def takes(self, num_tokens: int, meta: AttentionMetadata, kv_cache: torch.Tensor,
               dtype: torch.dtype, row_block: int | None) -> bool:
-        return (0 < num_tokens <= MAX_ROWS and not meta.prefills and row_block is None
+        return (0 < num_tokens <= self.max_rows and not meta.prefills and row_block is None
                 and dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

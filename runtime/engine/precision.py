@@ -23,10 +23,9 @@ import torch
 from edgefire.contract.errors import InvalidInputError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# models/fused's MAX_ROWS: the largest decode step its bfloat16 path takes (measured on AVX2,
-# SmolLM2, 2 cores: 12 rows 52 ms fused bfloat16 vs 162 ms float32 torch; 16 rows, torch only:
-# 277 ms bfloat16 vs 151 ms float32).
-AVX2_BFLOAT16_MAX_TOKENS = 12
+# models/fused's rows on AVX2: the largest decode step its bfloat16 path takes there (it beats
+# torch's float32 at every decode size: llama_decode.py has the measurements).
+AVX2_BFLOAT16_MAX_TOKENS = 64
 
 
 @dataclass(slots=True, frozen=True)
