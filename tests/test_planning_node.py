@@ -7,6 +7,7 @@ import pytest
 
 from edgefire.contract.catalog import Catalog, ModelSpec
 from edgefire.contract.cities import all_cities
+from edgefire.contract.cpu import auto_dense_formats
 from edgefire.planning import CPU_NODE, PlannedModel, node_need, plan
 from edgefire.planning.model import kv_bytes_per_token
 from edgefire.planning.node import kv_pool_bytes
@@ -26,7 +27,9 @@ def test_a_text_models_need_is_weights_kv_pool_and_reserve():
     spec = CATALOG.get(SMOL)
     model = PlannedModel.on_this_machine(spec)
     need = node_need(model)
-    assert need.weight_bytes == 2 * 134_515_008  # SmolLM2-135M in bfloat16
+    # SmolLM2-135M in bfloat16, plus float32 where "auto" holds both (CPUs without native BF16)
+    per_param = {"bf16": 2, "fp32": 4}
+    assert need.weight_bytes == sum(per_param[f] for f in auto_dense_formats()) * 134_515_008
     # SmolLM2: 2 · 30 layers · 3 KV heads · 64 · 2 bytes = 23040 bytes a token, 16 a block.
     block = 16 * 23040
     assert kv_bytes_per_token(model, all_layers=True) == 23040

@@ -99,6 +99,18 @@ def weight_bytes(model: PlannedModel, dense: str | None = None) -> int:
     return round(ends + sum(layer_bytes(model, layer, dense) for layer in s.layers))
 
 
+def dense_copy_bytes(model: PlannedModel, dense: str) -> int:
+    """Bytes of one more copy of the weights in the `dense` format: the groups the codec keeps
+    dense (a resident quantized or packed group is one object shared by every compute dtype)."""
+    s = model.shape
+    groups = (*s.head, *s.tail, *(w for layer in s.layers for w in layer.weights))
+    codec, plain = codec_named(model.codec), precision(dense)
+    kept = [w for w in groups if w.fixed is not None
+            or codec.apply(w.kind, plain).nbytes(w.params, w.rows)
+            == plain.nbytes(w.params, w.rows)]
+    return round(sum(group_bytes(model, w, dense) for w in kept))
+
+
 def kv_bytes_per_token(model: PlannedModel, kv_dtype: str = "bf16", *,
                        all_layers: bool = False) -> int:
     """KV bytes one token of a long sequence costs: layers that keep full-length KV only

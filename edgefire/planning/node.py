@@ -12,14 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgefire.contract.cpu import auto_dense_formats
 from edgefire.contract.errors import PlanningError
-from edgefire.planning.model import CatalogEntry, PlannedModel, kv_bytes_per_token, weight_bytes
+from edgefire.planning.model import (
+    CatalogEntry,
+    PlannedModel,
+    dense_copy_bytes,
+    kv_bytes_per_token,
+    weight_bytes,
+)
 from edgefire.planning.reserve import MIB, Reserve
 
 
 @dataclass(slots=True, frozen=True)
 class NodeProfile:
-    dense: str  # compute dtype of a text model's weights
+    dense: str  # compute dtype(s) of a text model's weights, "+"-joined when it holds several
     encoder_dense: str
     kv_dtype: str
     kv_pool_bytes: int  # per text model (NodeSettings.kv_cache_mib reads it as its default)
@@ -34,7 +41,8 @@ class NodeProfile:
 # touched lazily and warm-start weights are memory-mapped, so RSS grows by less than the
 # tensors' bytes on a SmolLM2 load).
 CPU_NODE = NodeProfile(
-    dense="bf16", encoder_dense="fp32", kv_dtype="bf16", kv_pool_bytes=512 * MIB,
+    dense="+".join(auto_dense_formats()), encoder_dense="fp32", kv_dtype="bf16",
+    kv_pool_bytes=512 * MIB,
     block_size=16,
     reserve=Reserve(runtime_bytes=64 * MIB, step_tokens=1024, max_seqs=64),
     encoder_reserve=Reserve(runtime_bytes=64 * MIB, step_tokens=1024, max_seqs=0,
@@ -64,7 +72,9 @@ def node_need(model: PlannedModel, profile: NodeProfile = CPU_NODE) -> NodeNeed:
         reserve = profile.encoder_reserve.device_bytes(s, s.layers, 1, last=True)
         return NodeNeed(weight_bytes(model, profile.encoder_dense), 0, reserve)
     reserve = profile.reserve.device_bytes(s, s.layers, 1, last=True)
-    return NodeNeed(weight_bytes(model, profile.dense), kv_pool_bytes(model, profile), reserve)
+    first, *more = profile.dense.split("+")
+    weights = weight_bytes(model, first) + sum(dense_copy_bytes(model, d) for d in more)
+    return NodeNeed(weights, kv_pool_bytes(model, profile), reserve)
 
 
 def need_bytes(spec: CatalogEntry, profile: NodeProfile = CPU_NODE) -> int:

@@ -14,12 +14,11 @@ the two differ:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from edgefire.contract.cpu import cpu_class
 from edgefire.contract.errors import InvalidInputError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -66,15 +65,5 @@ class Precision:
         return self.small
 
 
-@functools.cache
 def _cpu_class() -> str:
-    """native_bfloat16, avx512, avx2 or other, from the CPU's flags."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return "other"
-    if flags & {"avx512_bf16", "amx_bf16"}:
-        return "native_bfloat16"
-    if "avx512f" in flags:
-        return "avx512"
-    return "avx2" if {"avx2", "fma"} <= flags else "other"
+    return cpu_class()
