@@ -17,6 +17,7 @@ from edgefire.contract.errors import EngineFailedError, InvalidInputError
 from edgefire.runtime.engine.compute_thread import ComputeThread
 from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
 from edgefire.runtime.engine.outputs import RequestOutput
+from edgefire.runtime.engine.remote_kv.tier import RemoteTier
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.sequence import Sequence
 from edgefire.runtime.engine.stats import EngineStats
@@ -39,10 +40,13 @@ class AsyncEngine:
         self._compute.attach(self)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    salt: bytes = b"") -> RequestStream:
+                    salt: bytes = b"", pages: list[tuple[bytes, bytearray]] | None = None
+                    ) -> RequestStream:
         """Validate now (raising InvalidInputError) and return the request's output stream.
 
-        Closing the stream before it finishes (a client disconnect) aborts the request.
+        Closing the stream before it finishes (a client disconnect) aborts the request. With
+        a KV store, the prompt's prefix is first looked up there, on a worker thread; `pages`
+        handed over by a prefill node (LLMEngine.install_pages) replace that lookup.
         """
         if self._error is not None or self._stopped:
             raise EngineFailedError()
@@ -51,9 +55,21 @@ class AsyncEngine:
                                     field="request_id")
         seq = self.engine.prepare(request_id, prompt_token_ids, params, salt)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._send("add", seq)
+        loop = asyncio.get_running_loop()
+        self._streams[request_id] = (loop, queue)
+        if pages is not None or self.engine.remote is None:
+            self._send("add", (seq, pages or []))
+        else:
+            loop.run_in_executor(None, self._look_up, seq)
         return RequestStream(self, request_id, queue)
+
+    def _look_up(self, seq: Sequence) -> None:
+        try:
+            pages = self.engine.lookup_remote(seq)
+        except Exception:  # a fault of ours, not the store's: serve the request all the same
+            log.exception("remote KV lookup failed; computing the prompt")
+            pages = []
+        self._send("add", (seq, pages))
 
     def abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
@@ -68,6 +84,7 @@ class AsyncEngine:
         self._compute.detach(self)
         if self._owns_compute:
             self._compute.shutdown()
+        self.engine.close()
 
     @property
     def dead(self) -> bool:
@@ -87,6 +104,11 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         """Requests not yet running: queued in the scheduler or still in the command queue."""
         return max(0, len(self._streams) - len(self.engine.scheduler.running))
+
+    @property
+    def remote_tier(self) -> RemoteTier | None:
+        """The KV store tier behind the pool (its stats and state are read whole), if any."""
+        return self.engine.remote
 
     def stats(self) -> EngineStats:
         """The engine's load as its scheduler sees it (LLMEngine.stats); any thread may call it."""
@@ -128,9 +150,11 @@ class AsyncEngine:
         while self._commands:
             kind, payload = self._commands.popleft()
             if kind == "add":
-                assert isinstance(payload, Sequence)
-                if payload.request_id in self._streams:  # not aborted while queued
-                    self.engine.enqueue(payload)
+                seq, pages = payload
+                assert isinstance(seq, Sequence)
+                if seq.request_id in self._streams:  # not aborted while queued
+                    self.engine.install_pages(pages)
+                    self.engine.enqueue(seq)
             else:
                 self.engine.abort(payload)
 

@@ -2,7 +2,9 @@
 
 Free blocks sit in an LRU queue. A freed block keeps its prefix hash until it is handed out
 again, so a later request with the same prefix (and the same salt) can take it back: eviction
-is simply reuse of the least recently freed block.
+is simply reuse of the least recently freed block. A remote KV tier
+(runtime/engine/remote_kv/tier.py) adds blocks to the cache from outside (`adopt`) and reads
+the blocks the cache publishes (`published`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: bytes | None = None
+    remote: bool = False  # adopted from the remote tier and not hit since
 
 
 def hash_block(parent: bytes, salt: bytes, token_ids: list[int]) -> bytes:
@@ -41,6 +44,10 @@ class BlockManager:
         self.cached: dict[bytes, int] = {}
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
+        self.num_prefix_remote_hit_tokens = 0  # of the hits, tokens of adopted blocks
+        # With a remote tier: (block id, hash) of each block published since the engine last
+        # took the list; None when nobody reads it.
+        self.published: list[tuple[int, bytes]] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -101,9 +108,31 @@ class BlockManager:
             seq.block_table.append(self._pop_free())
         return True
 
-    def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+    def record_prefix_query(self, num_query_tokens: int, hits: list[int]) -> None:
+        """Count a lookup whose hit blocks (as allocated) are `hits`; a block adopted from the
+        remote tier counts as a remote hit the first time, a local one after that."""
         self.num_prefix_queried_tokens += num_query_tokens
-        self.num_prefix_hit_tokens += num_hit_tokens
+        self.num_prefix_hit_tokens += len(hits) * self.block_size
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.remote:
+                self.num_prefix_remote_hit_tokens += self.block_size
+                block.remote = False
+
+    def adopt(self, block_hash: bytes) -> int | None:
+        """A free block, now cached under block_hash, for the caller to fill with that block's
+        KV; None when the hash is cached already or no block is free. It stays free (the most
+        recently freed), so it is evicted like any cached block no one holds."""
+        if block_hash in self.cached or not self.free_queue:
+            return None
+        block_id = self._pop_free()
+        block = self.blocks[block_id]
+        block.ref_count = 0
+        block.block_hash = block_hash
+        block.remote = True
+        self.cached[block_hash] = block_id
+        self.free_queue[block_id] = None
+        return block_id
 
     def cache_full_blocks(self, seq: Sequence, limit: int | None = None) -> None:
         """Publish seq's fully computed blocks (at most its first `limit`) in the prefix cache."""
@@ -123,6 +152,8 @@ class BlockManager:
             if block_hash not in self.cached:
                 self.cached[block_hash] = block.block_id
                 block.block_hash = block_hash
+                if self.published is not None:
+                    self.published.append((block.block_id, block_hash))
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; tail blocks are queued first so they are evicted first."""
@@ -141,5 +172,6 @@ class BlockManager:
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
             block.block_hash = None
+            block.remote = False
         block.ref_count = 1
         return block_id

@@ -8,12 +8,16 @@ from typing import Protocol
 import torch
 
 from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.remote_kv.store import PageStore
 
 
 @dataclass(slots=True)
 class KVPool:
     blocks: BlockManager
     cache: torch.Tensor  # [layers, 2, kv_heads, num_blocks, block_size, head_dim]
+    # A shared store behind the pool (the `redis` backend): the engine puts a remote tier
+    # (runtime/engine/remote_kv/tier.py) between the two.
+    store: PageStore | None = None
 
 
 class KVBackendFactory(Protocol):

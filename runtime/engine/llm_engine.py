@@ -14,6 +14,8 @@ from edgefire.runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes
 from edgefire.runtime.engine.output_processor import OutputProcessor
 from edgefire.runtime.engine.outputs import RequestOutput
 from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.remote_kv.page_format import PageLayout
+from edgefire.runtime.engine.remote_kv.tier import RemoteTier
 from edgefire.runtime.engine.sampler import Sampler
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -35,6 +37,9 @@ class EngineConfig:
     # The KV backend plugin that provides the page pool: edgefire.runtime.loading resolves the
     # name and hands the engine its factory.
     kv_backend: str = "local_paged"
+    # What a KV store's keys are scoped to (model, weights digest, page layout); loading
+    # sets it. Pages of another namespace are never read.
+    kv_namespace: str = ""
     dtype: str = "auto"  # "float32", "bfloat16", or "auto": chosen per step by its token count
     auto_bfloat16_min_tokens: int = 8
     # Which requests run batch-invariant (runtime/engine/deterministic.py): off, seeded, all.
@@ -83,6 +88,11 @@ class LLMEngine:
                            model.kv_cache_shape(num_blocks, config.block_size), model.kv_dtype,
                            config.enable_prefix_caching)
         self.blocks = pool.blocks
+        self.remote: RemoteTier | None = None
+        if pool.store is not None:
+            self.remote = RemoteTier(pool.store, PageLayout.of_cache(pool.cache),
+                                     config.kv_namespace)
+            self.blocks.published = []
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
         self.runner = ModelRunner(model, pool.cache, config.block_size, config.precision)
@@ -113,7 +123,40 @@ class LLMEngine:
             num_kv_blocks=blocks.num_blocks,
             num_prefix_queried_tokens=blocks.num_prefix_queried_tokens,
             num_prefix_hit_tokens=blocks.num_prefix_hit_tokens,
+            num_prefix_remote_hit_tokens=blocks.num_prefix_remote_hit_tokens,
             num_preemptions=scheduler.num_preemptions)
+
+    # The remote tier (runtime/engine/remote_kv/tier.py), when the KV backend has a store.
+    def prefix_hashes(self, seq: Sequence) -> list[bytes]:
+        """Chain hashes of the blocks of seq's prompt a prefix hit may cover (all full blocks
+        but one token short, as find_cached_blocks caps them). Any thread may call it for a
+        sequence not yet queued."""
+        self.blocks.update_hashes(seq)
+        return seq.block_hashes[:(seq.num_tokens - 1) // self.blocks.block_size]
+
+    def lookup_remote(self, seq: Sequence) -> list[tuple[bytes, bytearray]]:
+        """Pages of seq's prefix the local pool misses and the store has, for install_pages;
+        off the compute thread (it waits on the store)."""
+        if self.remote is None or not self.config.enable_prefix_caching:
+            return []
+        return self.remote.lookup(self.blocks.cached, self.prefix_hashes(seq))
+
+    def install_pages(self, pages: list[tuple[bytes, bytearray]]) -> int:
+        """Put pages (looked up, or handed over by a prefill node) into the pool as cached
+        blocks; on the compute thread, before the request they serve is queued."""
+        if self.remote is None or not pages:
+            return 0
+        return self.remote.install(self.blocks, self.runner.kv_cache, pages)
+
+    def export_pages(self, hashes: list[bytes]) -> list[bytes]:
+        """Page records of the longest cached run of hashes; on the compute thread."""
+        if self.remote is None:
+            return []
+        return self.remote.export(self.blocks, self.runner.kv_cache, hashes)
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, salt: bytes = b"") -> Sequence:
@@ -221,6 +264,9 @@ class LLMEngine:
             seq.num_computed_tokens += n
             self.blocks.cache_full_blocks(seq, deterministic.publishable_blocks(
                 seq, self.scheduler.chunk, self.blocks.block_size) if seq.deterministic else None)
+        if self.remote is not None and self.blocks.published:
+            self.remote.publish(self.runner.kv_cache, self.blocks.published)
+            self.blocks.published = []
         outputs = []
         for seq, tokens in new_tokens.items():
             output: RequestOutput | None = None

@@ -99,7 +99,7 @@ class Scheduler:
                 num_new = min(seq.num_tokens - num_cached_tokens, budget)
             if not self.blocks.allocate(seq, num_new, cached):
                 break  # FCFS: later arrivals do not jump a request that does not fit yet
-            self.blocks.record_prefix_query(seq.num_tokens, num_cached_tokens)
+            self.blocks.record_prefix_query(seq.num_tokens, cached)
             self.waiting.popleft()
             seq.num_computed_tokens = num_cached_tokens
             if seq.num_output_tokens == 0:

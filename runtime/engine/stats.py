@@ -15,6 +15,7 @@ class EngineStats:
     num_kv_blocks: int  # the pool's size
     num_prefix_queried_tokens: int  # prompt tokens looked up in the prefix cache
     num_prefix_hit_tokens: int  # of those, tokens found there
+    num_prefix_remote_hit_tokens: int  # of the hits, tokens whose pages came from a KV store
     num_preemptions: int  # sequences preempted, to be recomputed
 
     @property

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from edgefire.contract.catalog import ModelSpec
 from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
+from edgefire.runtime.loading.kv_namespace import kv_namespace
 from edgefire.runtime.loading.load import load_lm
 from edgefire.runtime.loading.loaded import LoadedLM
 from edgefire.runtime.plugins import load_plugins
@@ -13,7 +14,11 @@ from edgefire.runtime.plugins import load_plugins
 
 def create_engine(loaded: LoadedLM, config: EngineConfig) -> LLMEngine:
     """An engine over an already loaded model, its pool from the KV backend config names."""
-    config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len))
+    # A catalog entry may name its own KV backend (`kv_backend:`) over the node's.
+    backend = loaded.spec.extra.get("kv_backend", config.kv_backend)
+    config = replace(config, max_model_len=min(config.max_model_len, loaded.max_model_len),
+                     kv_backend=backend,
+                     kv_namespace=kv_namespace(loaded, config.block_size))
     # Looked up by name once, here: the engine never sees the plugin host.
     create_pool = load_plugins().kv_backends.get(config.kv_backend)
     return LLMEngine(loaded.model, loaded.tokenizer, config, loaded.vocab_size, create_pool)

@@ -8,7 +8,7 @@ from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import City
 from edgefire.runtime.engine.compute_thread import ComputeThread
 from edgefire.runtime.node.model_registry import ModelRegistry
-from edgefire.runtime.node.served import build_served_model
+from edgefire.runtime.node.served import ServedLM, build_served_model
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.plugins import load_plugins
 
@@ -47,11 +47,12 @@ class EdgeNode:
         `status` is "starting" until ready, then "degraded" while a model failed lately (its
         engine died, or a step failed and none has succeeded since; ids in
         `degraded_models`), else "ok". A degraded node still serves: its other models are
-        fine and a dead engine is rebuilt by the next request for it.
+        fine and a dead engine is rebuilt by the next request for it. Models with a KV store
+        behind their pool report its state under `kv_store`.
         """
         degraded = self.registry.degraded()
         status = "starting" if not self.ready else "degraded" if degraded else "ok"
-        return {
+        health = {
             "status": status,
             "city": self.city.code,
             "loaded_models": self.registry.loaded(),
@@ -59,3 +60,12 @@ class EdgeNode:
             "memory_used_bytes": self.registry.used_bytes,
             "degraded_models": degraded,
         }
+        # A KV store that does not answer costs only remote prefix hits: the node serves
+        # from its own pool meanwhile, so it stays "ok" and says so here.
+        stores = {model_id: {"backend": tier.store.name,
+                             "state": "ok" if tier.available else "unreachable"}
+                  for model_id, served in self.registry.models().items()
+                  if isinstance(served, ServedLM) and (tier := served.engine.remote_tier)}
+        if stores:
+            health["kv_store"] = stores
+        return health

@@ -12,8 +12,8 @@ from edgefire.runtime.plugins import hookspecs
 
 ENTRY_POINT_GROUP = "edgefire.node"
 DEFAULT_PLUGINS = tuple(f"edgefire.plugins.{name}" for name in (
-    "llama", "llama4", "deepseek_v3", "bert", "local_paged", "identity_codec", "unweight",
-    "quant"))
+    "llama", "llama4", "deepseek_v3", "bert", "local_paged", "redis_kv", "identity_codec",
+    "unweight", "quant"))
 
 
 class NodePluginHost(PluginHost):

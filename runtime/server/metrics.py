@@ -12,6 +12,7 @@ is evicted and loaded again, which Prometheus treats as a counter reset):
   edgefire_prefix_cache_queries_total   counter   prompt tokens looked up in the prefix cache
   edgefire_prefix_cache_hits_total      counter   of those, tokens found in the cache
   edgefire_preemptions_total            counter   sequences preempted (recomputed later)
+  (and, for a pool with a KV store behind it, edgefire.runtime.server.kv_store_metrics)
 
 Observed by the HTTP layer, per engine request (an OpenAI `n` > 1 call makes n of them; for
 those, latencies of choices after the first are measured as they are read):
@@ -37,6 +38,7 @@ from edgefire.runtime.engine.outputs import RequestOutput
 from edgefire.runtime.engine.stats import EngineStats
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import ServedLM
+from edgefire.runtime.server.kv_store_metrics import KVStoreCollector
 
 LABEL = "model_name"
 
@@ -48,6 +50,7 @@ class ServerMetrics:
     def __init__(self, node: EdgeNode) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(node))
+        self.registry.register(KVStoreCollector(node))
 
         def counter(name: str, doc: str, *labels: str) -> Counter:
             return Counter(name, doc, [LABEL, *labels], registry=self.registry)

@@ -1,0 +1,236 @@
+"""The remote tier behind a node's page pool (Mooncake Store / LMCache in spirit).
+
+Full blocks the prefix cache publishes are copied out of the pool on the compute thread (one
+gather) and written to the store by a writer thread of the tier's own, pipelined, so a step
+never waits on the network. A request whose prefix the local pool misses is looked up in the
+store before it is queued (off the compute thread); the longest run of pages found whole is
+installed into free blocks of the pool as cached blocks, and the scheduler then admits the
+request with those blocks as ordinary prefix hits. A page that is missing, truncated, of
+another layout or fails its checksum ends the run: the rest is recomputed, never guessed.
+
+Keys are `<namespace>:<chain hash>`. The chain hash carries the account's keyed salt
+(runtime/engine/block_manager.py) and the namespace digests the model, its weights and the
+page layout, so a page of another account or model can never be read.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.remote_kv.latency import LatencyHistogram
+from edgefire.runtime.engine.remote_kv.page_format import PageFormatError, PageLayout, pack, unpack
+from edgefire.runtime.engine.remote_kv.store import PageStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CODEC = "identity"
+# Pages waiting for the writer at most; past this (a store slower than the engine) new pages
+# are not written rather than held in memory without bound.
+MAX_QUEUED_PAGES = 2048
+MAX_LOOKUP_PAGES = 1024  # one lookup fetches at most this many pages (16k tokens at 16)
+PROBE_INTERVAL_S = 2.0  # the writer pings an idle store this often, for /health
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Counters since the tier started; read whole from any thread."""
+
+    num_pages_written: int = 0
+    num_bytes_written: int = 0
+    num_pages_read: int = 0
+    num_bytes_read: int = 0
+    num_pages_rejected: int = 0  # found but refused: damaged or of another layout
+    num_pages_dropped: int = 0  # not written: the store was unavailable or the queue full
+    num_pages_installed: int = 0  # read pages that went into the pool
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+
+@dataclass(slots=True)
+class _Batch:
+    hashes: list[bytes]
+    pages: np.ndarray  # [n, *layout.shape], a plain copy the compute thread made
+
+
+class RemoteTier:
+    def __init__(self, store: PageStore, layout: PageLayout, namespace: str) -> None:
+        if not namespace:
+            raise ValueError("a remote KV tier needs a namespace (model and weights digest)")
+        self.store = store
+        self.layout = layout
+        self.namespace = namespace
+        self.stats = TierStats()
+        self.available = True  # the store's state as the last call or probe found it
+        self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._num_queued_pages = 0
+        self._drained = threading.Condition()
+        self._writer = threading.Thread(target=self._write_loop, name="edgefire-kv-writer",
+                                        daemon=True)
+        self._writer.start()
+
+    def key(self, block_hash: bytes) -> str:
+        return f"{self.namespace}:{block_hash.hex()}"
+
+    # The compute thread's side.
+    def publish(self, cache: torch.Tensor, published: list[tuple[int, bytes]]) -> None:
+        """Queue the pages of newly published blocks [(block id, chain hash)] for the store."""
+        if not published:
+            return
+        with self._drained:
+            if self._num_queued_pages + len(published) > MAX_QUEUED_PAGES:
+                self.stats.num_pages_dropped += len(published)
+                return
+            self._num_queued_pages += len(published)
+        ids = torch.tensor([block_id for block_id, _ in published])
+        self._queue.put(_Batch([h for _, h in published], _gather(cache, ids)))
+
+    def install(self, blocks: BlockManager, cache: torch.Tensor,
+                pages: list[tuple[bytes, bytearray]]) -> int:
+        """Put looked-up pages into free blocks as cached blocks; returns how many went in.
+
+        At most the pool's free blocks are taken, so a page never evicts another of the same
+        run; a page whose block the pool already caches is skipped.
+        """
+        num_installed = 0
+        for block_hash, payload in pages[:blocks.num_free_blocks]:
+            block_id = blocks.adopt(block_hash)
+            if block_id is None:
+                continue
+            cache[:, :, :, block_id].copy_(_as_page(payload, self.layout))
+            num_installed += 1
+        self.stats.num_pages_installed += num_installed
+        return num_installed
+
+    def export(self, blocks: BlockManager, cache: torch.Tensor,
+               hashes: list[bytes]) -> list[bytes]:
+        """Records of the longest run of `hashes` the pool caches (a prefill node's answer to
+        a decode node that reaches it directly, without a store)."""
+        ids: list[int] = []
+        for block_hash in hashes:
+            block_id = blocks.cached.get(block_hash)
+            if block_id is None:
+                break
+            ids.append(block_id)
+        if not ids:
+            return []
+        pages = _gather(cache, torch.tensor(ids))
+        return [pack(self.layout, h, _page_bytes(pages[i]), CODEC)
+                for i, h in enumerate(hashes[:len(ids)])]
+
+    # Any thread but the compute thread.
+    def lookup(self, cached: Mapping[bytes, int], hashes: list[bytes]
+               ) -> list[tuple[bytes, bytearray]]:
+        """Pages for the blocks after the local pool's run of `hashes`, as far as the store
+        has them whole. Never raises for the store: unavailable reads as no pages."""
+        start = 0
+        while start < len(hashes) and hashes[start] in cached:
+            start += 1
+        wanted = hashes[start:start + MAX_LOOKUP_PAGES]
+        if not wanted:
+            return []
+        ok, records = self._call(self.store.get_many, [self.key(h) for h in wanted])
+        return self.accept_records(wanted, records) if ok else []
+
+    def accept_records(self, hashes: list[bytes], records: list[bytes | None]
+                       ) -> list[tuple[bytes, bytearray]]:
+        """The leading pages of `records` that are whole pages of `hashes`, in order."""
+        pages = []
+        for block_hash, record in zip(hashes, records, strict=False):
+            if record is None:
+                break
+            try:
+                codec, payload = unpack(record, self.layout, block_hash)
+                if codec != CODEC:
+                    raise PageFormatError(f"unknown KV codec {codec!r}")
+            except PageFormatError as exc:
+                self.stats.num_pages_rejected += 1
+                log.warning("KV page %s refused (%s); recomputing from there",
+                            block_hash.hex()[:16], exc)
+                break
+            pages.append((block_hash, bytearray(payload)))
+            self.stats.num_bytes_read += len(record)
+        self.stats.num_pages_read += len(pages)
+        return pages
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued page has been written (or dropped); False on timeout."""
+        with self._drained:
+            return self._drained.wait_for(lambda: self._num_queued_pages == 0, timeout_s)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join(timeout=5)
+        self.store.close()
+
+    # The writer thread.
+    def _write_loop(self) -> None:
+        while True:
+            try:
+                batch = self._queue.get(timeout=PROBE_INTERVAL_S)
+            except queue.Empty:
+                self.available = self.store.ping()
+                continue
+            if batch is None:
+                return
+            try:
+                self._write(batch)
+            except Exception:  # a bug here must not stop later writes or hang flush()
+                log.exception("writing KV pages failed")
+                self.stats.num_pages_dropped += len(batch.hashes)
+            finally:
+                with self._drained:
+                    self._num_queued_pages -= len(batch.hashes)
+                    self._drained.notify_all()
+
+    def _write(self, batch: _Batch) -> None:
+        items = [(self.key(h), pack(self.layout, h, _page_bytes(batch.pages[i]), CODEC))
+                 for i, h in enumerate(batch.hashes)]
+        ok, _ = self._call(self.store.put_many, items)
+        if not ok:
+            self.stats.num_pages_dropped += len(items)
+            return
+        self.stats.num_pages_written += len(items)
+        self.stats.num_bytes_written += sum(len(record) for _, record in items)
+
+    def _call(self, fn: Callable[[list], T], arg: list) -> tuple[bool, T | None]:
+        """(True, fn(arg)) timed into the latency histogram, or (False, None) if the store is
+        unavailable."""
+        started = time.perf_counter()
+        try:
+            result = fn(arg)
+        except StoreUnavailable:
+            self.available = False
+            return False, None
+        self.stats.latency.observe(time.perf_counter() - started)
+        self.available = True
+        return True, result
+
+
+def _gather(cache: torch.Tensor, ids: torch.Tensor) -> np.ndarray:
+    """Pages `ids` of the pool [layers, 2, heads, blocks, block, dim] as a plain array
+    [n, layers, 2, heads, block, dim]; 16-bit floats travel as their bits (numpy has no
+    bfloat16)."""
+    pages = cache.index_select(3, ids).movedim(3, 0).contiguous()
+    if pages.dtype.itemsize == 2 and pages.dtype.is_floating_point:
+        pages = pages.view(torch.int16)
+    return pages.numpy()
+
+
+def _page_bytes(page: np.ndarray) -> memoryview:
+    return memoryview(page).cast("B")
+
+
+def _as_page(payload: bytearray, layout: PageLayout) -> torch.Tensor:
+    if layout.dtype.itemsize == 2:
+        return torch.frombuffer(payload, dtype=torch.int16).view(layout.dtype).view(layout.shape)
+    return torch.frombuffer(payload, dtype=layout.dtype).view(layout.shape)
