@@ -33,8 +33,9 @@ $(KERNEL_STAMP): $(STAMP) $(KERNELS)
 
 setup: $(STAMP) $(KERNEL_STAMP)
 
+# PD=1: a prefill node and a decode node for the city (prefill/decode disaggregation).
 run: setup
-	$(VENV)/bin/edge-gateway dev --city $(CITY)
+	$(VENV)/bin/edge-gateway dev --city $(CITY) $(if $(PD),--pd)
 
 generate: setup
 	$(VENV)/bin/edgefire generate "$(PROMPT)" --temperature 0 --max-tokens 64

@@ -20,6 +20,8 @@ def _start(args: argparse.Namespace) -> int:
 
     city = load_city(args.city)
     settings = NodeSettings()
+    if args.role:
+        settings.role = args.role
     port = args.port or city.port
     if settings.public_url is None:  # the gateway must reach the port this node really serves
         settings.public_url = f"http://127.0.0.1:{port}"
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--city", required=True)
     start.add_argument("--port", type=int, default=None, help="default: the city's port")
     start.add_argument("--host", default="127.0.0.1")
+    start.add_argument("--role", choices=("prefill", "decode", "both"),
+                       help="default: EDGEFIRE_ROLE, else the city's")
     start.set_defaults(func=_start)
     sub.add_parser("cities", help="list the shipped cities").set_defaults(func=_cities)
     return run_command(parser, argv)

@@ -31,7 +31,8 @@ def _start(args: argparse.Namespace) -> int:
 def _dev(args: argparse.Namespace) -> int:
     from edgefire.gateway.dev import run_dev_fleet
 
-    return run_dev_fleet(_settings(args), args.city, Path(args.dev_file), args.node_port)
+    return run_dev_fleet(_settings(args), args.city, Path(args.dev_file), args.node_port,
+                         args.pd)
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--dev-file", default=".edgefire/dev.json")
     dev.add_argument("--node-port", type=int, help="first node's port (the next city takes the "
                      "next one); default: each city's own")
+    dev.add_argument("--pd", action="store_true",
+                     help="prefill/decode disaggregated: a prefill and a decode node per city")
     dev.set_defaults(func=_dev)
     sub.add_parser("plugins", help="list the gateway's plugins and what each registers"
                    ).set_defaults(func=_plugins)

@@ -20,6 +20,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefire.contract.cities import load_city
 from edgefire.gateway.accounts import AccountStore
 from edgefire.gateway.db import Database
 from edgefire.gateway.routing.directory import NodeDirectory
@@ -29,6 +30,7 @@ from edgefire.gateway.stand_in import DEV_STAND_IN
 if TYPE_CHECKING:
     import uvicorn
 
+PREFILL_PORT_OFFSET = 100  # a disaggregated city's prefill node: its decode node's port + this
 DEV_STARTUP_HOLD_S = 10.0  # a node process needs a few seconds to import torch and beat
 _POLL_S = 0.1
 
@@ -72,18 +74,21 @@ def apply_dev_defaults(settings: GatewaySettings) -> None:
 
 async def wait_for_fleet(directory: NodeDirectory, processes: dict[str, subprocess.Popen],
                          poll_s: float = _POLL_S) -> None:
-    """Return once every city in processes is routable; NodeExitedError if one exits first."""
-    while not set(processes) <= {n.city for n in directory.healthy()}:
-        for city, process in processes.items():
+    """Return once every node in processes (by NodeState.key) is routable; NodeExitedError if
+    one exits first."""
+    while not set(processes) <= {n.key for n in directory.healthy()}:
+        for key, process in processes.items():
             if process.poll() is not None:
-                raise NodeExitedError(f"edge node {city} exited with code {process.returncode} "
+                raise NodeExitedError(f"edge node {key} exited with code {process.returncode} "
                                       "before it was ready")
         await asyncio.sleep(poll_s)
 
 
 def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file: Path,
-                  node_port: int | None = None) -> int:
-    """Serve the gateway; its nodes listen on their cities' ports, or from node_port on."""
+                  node_port: int | None = None, disaggregated: bool = False) -> int:
+    """Serve the gateway; its nodes listen on their cities' ports, or from node_port on.
+    Disaggregated, each city runs a decode node there and a prefill node PREFILL_PORT_OFFSET
+    above it (README, "Prefill/decode disaggregation")."""
     import uvicorn
 
     from edgefire.gateway.app import create_app
@@ -109,11 +114,9 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
                                            port=settings.gateway_port, log_level="info"))
     # Replaying answers from recordings only: no node is started (or needed).
     cities = [] if settings.replay_dir else cities or ["fra"]
-    nodes = {city: subprocess.Popen([sys.executable, "-m", "edgefire.edge_nodes.cli", "start",
-                                     "--city", city,
-                                     *(["--port", str(node_port + i)] if node_port else [])],
-                                    env=env)
-             for i, city in enumerate(cities)}
+    nodes = {key: subprocess.Popen([sys.executable, "-m", "edgefire.edge_nodes.cli", "start",
+                                    *args], env=env)
+             for key, args in node_commands(cities, node_port, disaggregated).items()}
     if cities:
         print(f"edgefire: waiting for edge node(s) {', '.join(cities)} to register…", flush=True)
     # uvicorn re-raises the SIGTERM it caught once it has shut down; under the default handler
@@ -126,6 +129,22 @@ def run_dev_fleet(settings: GatewaySettings, cities: list[str] | None, dev_file:
             node.terminate()
         for node in nodes.values():
             node.wait(timeout=30)
+
+
+def node_commands(cities: list[str], node_port: int | None, disaggregated: bool
+                  ) -> dict[str, list[str]]:
+    """`edge-node start` arguments of each dev node, by its directory key (NodeState.key)."""
+    commands: dict[str, list[str]] = {}
+    for i, city in enumerate(cities):
+        port = ["--port", str(node_port + i)] if node_port else []
+        if not disaggregated:
+            commands[city] = ["--city", city, *port]
+            continue
+        decode_port = node_port + i if node_port else load_city(city).port
+        commands[f"{city}/decode"] = ["--city", city, "--role", "decode", *port]
+        commands[f"{city}/prefill"] = ["--city", city, "--role", "prefill", "--port",
+                                       str(decode_port + PREFILL_PORT_OFFSET)]
+    return commands
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

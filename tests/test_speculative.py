@@ -15,8 +15,7 @@ from edgefire.plugins.local_paged import create_local_paged_pool
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine.llm_engine import LLMEngine
 from edgefire.runtime.engine.speculative import propose_ngram
-from edgefire.runtime.tokenizer import load_gguf_tokenizer
-from edgefire.runtime.weights import read_gguf, resolve_source
+from edgefire.runtime.weights import resolve_source
 from tests.test_fused_decode import CONFIG, _weights
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -30,15 +29,6 @@ def test_propose_takes_the_latest_longest_match():
     assert propose_ngram([1, 2, 3, 4], 3, 3, 2) == []  # no earlier occurrence
     assert propose_ngram([5, 6, 5, 6], 4, 3, 2) == [5, 6]  # runs into the tail: shorter draft
     assert propose_ngram([7], 3, 3, 2) == []
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    try:
-        gguf = read_gguf(resolve_source(GGUF))
-    except WeightsNotFoundError as e:
-        pytest.skip(str(e))
-    return load_gguf_tokenizer(gguf.reader)
 
 
 def _engine(tokenizer, mode: str) -> LLMEngine:

@@ -23,6 +23,8 @@ FAULT = "x-edgefire-fault"
 NODE = "x-edgefire-node"
 # A Worker's env.AI names the model of a run() in this header (its body holds only the inputs).
 BINDING_MODEL = "cf-consn-model-id"
+# From the gateway to a decode node: the prefill node (its URL) to hand the prompt's prefill to.
+PREFILL_NODE = "x-edgefire-prefill-node"
 # A conversation's key: the gateway keeps it on the node holding its prefix cache.
 SESSION_AFFINITY = "x-session-affinity"
 

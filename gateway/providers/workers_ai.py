@@ -11,7 +11,7 @@ from edgefire.contract.errors import (
     NoNodeError,
     UpstreamError,
 )
-from edgefire.contract.headers import NODE_SECRET, STAND_IN
+from edgefire.contract.headers import NODE_SECRET, PREFILL_NODE, STAND_IN
 from edgefire.gateway.providers.base import (
     ProviderContext,
     UpstreamRequest,
@@ -64,15 +64,20 @@ class WorkersAIProvider:
         last: UpstreamError | None = None
         for node in nodes[:2]:
             url = f"{node.url}/client/v4/accounts/{request.account_id}/ai/{_node_path(request)}"
+            headers = self._headers(node.credential)
+            if node.role == "decode":
+                prefill = directory.prefill_node(spec.id, need, node, may_host)
+                if prefill is not None:
+                    headers[PREFILL_NODE] = prefill.url
             try:
                 response = await forward(self.context.http, request.method, url, request,
-                                         self._headers(node.credential), node=node.city)
+                                         headers, node=node.city)
             except UpstreamError as exc:
-                directory.mark_failed(node.city)
+                directory.mark_failed(node.key)
                 last = exc
                 continue
             if session and response.ok:
-                directory.pin(*session, node.city)
+                directory.pin(*session, node.key)
             if stood_in:
                 response.headers[STAND_IN] = spec.id
             return response

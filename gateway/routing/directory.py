@@ -40,6 +40,12 @@ class NodeState:
     accelerators: dict | None = None  # declared {"kind", "count"}; None: placed by budget
     credential: str = OPEN  # the id of the node credential this city is bound to
 
+    @property
+    def key(self) -> str:
+        """The directory's key: the city, or city/role for one of its prefill or decode
+        nodes (a disaggregated city runs one of each)."""
+        return self.city if self.role == "both" else f"{self.city}/{self.role}"
+
     def can_hold(self, model_id: str, need_bytes: int) -> bool:
         return model_id in self.loaded_models or need_bytes <= self.memory_budget_bytes
 
@@ -66,13 +72,14 @@ class NodeDirectory:
         """
         fields = asdict(validate(payload, self.max_models))
         now = self._clock()
-        node = self._nodes.get(fields["city"])
+        reported = NodeState(**fields, last_heartbeat=now, credential=credential)
+        node = self._nodes.get(reported.key)
         if node is not None and node.credential != credential and self._is_live(node, now):
             raise ForbiddenError(f"city {node.city!r} is bound to another node credential")
         if node is None:
             self._make_room(now)
-            node = NodeState(**fields, last_heartbeat=now, credential=credential)
-            self._nodes[node.city] = node
+            node = reported
+            self._nodes[node.key] = node
         else:
             for key, value in fields.items():
                 setattr(node, key, value)
@@ -90,8 +97,8 @@ class NodeDirectory:
         """Forget silent nodes to admit a new city; refuse it when all max_nodes are live."""
         if len(self._nodes) < self.max_nodes:
             return
-        for city in [c for c, n in self._nodes.items() if not self._is_live(n, now)]:
-            del self._nodes[city]
+        for key in [k for k, n in self._nodes.items() if not self._is_live(n, now)]:
+            del self._nodes[key]
         if len(self._nodes) >= self.max_nodes:
             raise InvalidInputError(f"the gateway already tracks {self.max_nodes} live nodes "
                                     "(EDGEFIRE_MAX_NODES); a new city is refused", field="city")
@@ -110,23 +117,24 @@ class NodeDirectory:
             return False
         return True
 
-    def mark_failed(self, city: str, cooldown_s: float = 5.0) -> None:
-        """Stop routing to city until it heartbeats again after cooldown_s."""
-        node = self._nodes.get(city)
+    def mark_failed(self, key: str, cooldown_s: float = 5.0) -> None:
+        """Stop routing to the node (NodeState.key) until it heartbeats again after
+        cooldown_s."""
+        node = self._nodes.get(key)
         if node is not None:
             node.failed_until = self._clock() + cooldown_s
 
     def nodes(self) -> list[NodeState]:
-        return sorted(self._nodes.values(), key=lambda n: n.city)
+        return sorted(self._nodes.values(), key=lambda n: n.key)
 
     def healthy(self) -> list[NodeState]:
         now = self._clock()
         return [n for n in self.nodes() if self._is_healthy(n, now)]
 
-    def pin(self, account_id: str, session_id: str, city: str) -> None:
-        """Keep the account's session_id on city, which now holds its prefix cache."""
+    def pin(self, account_id: str, session_id: str, node_key: str) -> None:
+        """Keep the account's session_id on the node, which now holds its prefix cache."""
         key = (account_id, session_id)
-        self._sessions[key] = city
+        self._sessions[key] = node_key
         self._sessions.move_to_end(key)
         while len(self._sessions) > MAX_PINNED_SESSIONS:
             self._sessions.popitem(last=False)
@@ -135,7 +143,8 @@ class NodeDirectory:
                    session: tuple[str, str] | None = None, max_waiting: int = 8,
                    may_host: Callable[[NodeState], bool] | None = None) -> list[NodeState]:
         """Healthy nodes that can hold model_id (and that `may_host` admits: the capacity
-        planner's placement, edgefire.gateway.routing.placement), best first.
+        planner's placement, edgefire.gateway.routing.placement), best first. Prefill nodes
+        take no requests of their own: a decode node hands them prompts (prefill_node).
 
         Order: nodes reporting "ok" before "degraded" ones; among them, the session's pinned
         node (session is (account id, session id); unless its queue is deep), then nodes with
@@ -144,8 +153,8 @@ class NodeDirectory:
         in the same order, so load spills over to the next best node. Ties go to the less
         busy node, then the city code.
         """
-        eligible = [n for n in self.healthy() if n.can_hold(model_id, need_bytes)
-                    and (may_host is None or may_host(n))]
+        eligible = [n for n in self.healthy() if n.role != "prefill"
+                    and n.can_hold(model_id, need_bytes) and (may_host is None or may_host(n))]
         pinned = self._sessions.get(session) if session else None
 
         def key(node: NodeState) -> tuple:
@@ -155,10 +164,21 @@ class NodeDirectory:
                 great_circle_km(location[0], location[1], node.lat, node.lon))
             if model_id not in node.loaded_models:
                 cost += COLD_LOAD_PENALTY_MS
-            return (node.status == "degraded", deep, node.city != pinned, cost,
-                    node.running + node.waiting, node.city)
+            return (node.status == "degraded", deep, node.key != pinned, cost,
+                    node.running + node.waiting, node.key)
 
         return sorted(eligible, key=key)
+
+    def prefill_node(self, model_id: str, need_bytes: int, decode: NodeState,
+                     may_host: Callable[[NodeState], bool] | None = None) -> NodeState | None:
+        """The prefill node a decode node should hand model_id's prompts to: a healthy one
+        that can hold it, of the decode node's city first, then the nearest, the least busy
+        of those; None when the fleet has none (the decode node then prefills itself)."""
+        pool = [n for n in self.healthy() if n.role == "prefill" and n.status == "ok"
+                and n.can_hold(model_id, need_bytes) and (may_host is None or may_host(n))]
+        return min(pool, default=None, key=lambda n: (
+            n.city != decode.city, great_circle_km(decode.lat, decode.lon, n.lat, n.lon),
+            n.running + n.waiting, n.key))
 
     def to_json(self) -> dict:
         """The directory as JSON-ready data, for the gateway's /nodes debug view."""

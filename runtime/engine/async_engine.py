@@ -17,6 +17,7 @@ from edgefire.contract.errors import EngineFailedError, InvalidInputError
 from edgefire.runtime.engine.compute_thread import ComputeThread
 from edgefire.runtime.engine.llm_engine import LLMEngine, StepFailedError
 from edgefire.runtime.engine.outputs import RequestOutput
+from edgefire.runtime.engine.remote_kv.pages import Page
 from edgefire.runtime.engine.remote_kv.tier import RemoteTier
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.engine.sequence import Sequence
@@ -40,7 +41,7 @@ class AsyncEngine:
         self._compute.attach(self)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    salt: bytes = b"", pages: list[tuple[bytes, bytearray]] | None = None
+                    salt: bytes = b"", pages: list[Page] | None = None
                     ) -> RequestStream:
         """Validate now (raising InvalidInputError) and return the request's output stream.
 
@@ -104,6 +105,27 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         """Requests not yet running: queued in the scheduler or still in the command queue."""
         return max(0, len(self._streams) - len(self.engine.scheduler.running))
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.blocks.block_size
+
+    def caches_all(self, hashes: list[bytes]) -> bool:
+        """The local pool caches every block of hashes now (it may evict them later)."""
+        cached = self.engine.blocks.cached  # a dict read whole under the GIL
+        return all(h in cached for h in hashes)
+
+    def accept_records(self, hashes: list[bytes], records: list[bytes | None]) -> list[Page]:
+        return self.engine.accept_records(hashes, records)
+
+    async def export_pages(self, hashes: list[bytes]) -> list[bytes]:
+        """Records of the cached run of hashes, gathered on the compute thread."""
+        return await asyncio.wrap_future(self._compute.submit(self.engine.export_pages, hashes))
+
+    async def flush_remote(self, timeout_s: float) -> bool:
+        """Wait (off the loop) until the pages queued for the KV store are written."""
+        tier = self.engine.remote
+        return tier is None or await asyncio.to_thread(tier.flush, timeout_s)
 
     @property
     def remote_tier(self) -> RemoteTier | None:

@@ -33,6 +33,16 @@ def hash_block(parent: bytes, salt: bytes, token_ids: list[int]) -> bytes:
     return h.digest()
 
 
+def prefix_hashes(token_ids: list[int], salt: bytes, block_size: int) -> list[bytes]:
+    """Chain hashes of the blocks of a prompt a prefix hit may cover: its full blocks, but one
+    token short (find_cached_blocks says why)."""
+    hashes: list[bytes] = []
+    for i in range((len(token_ids) - 1) // block_size):
+        tokens = token_ids[i * block_size:(i + 1) * block_size]
+        hashes.append(hash_block(hashes[-1] if hashes else b"", salt, tokens))
+    return hashes
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         assert num_blocks > 0 and block_size > 0

@@ -14,7 +14,9 @@ from edgefire.runtime.engine.model_runner import CausalLM, ModelRunner, kv_bytes
 from edgefire.runtime.engine.output_processor import OutputProcessor
 from edgefire.runtime.engine.outputs import RequestOutput
 from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.remote_kv import pages as kv_pages
 from edgefire.runtime.engine.remote_kv.page_format import PageLayout
+from edgefire.runtime.engine.remote_kv.pages import Page
 from edgefire.runtime.engine.remote_kv.tier import RemoteTier
 from edgefire.runtime.engine.sampler import Sampler
 from edgefire.runtime.engine.sampling_params import SamplingParams
@@ -88,10 +90,10 @@ class LLMEngine:
                            model.kv_cache_shape(num_blocks, config.block_size), model.kv_dtype,
                            config.enable_prefix_caching)
         self.blocks = pool.blocks
+        self.page_layout = PageLayout.of_cache(pool.cache)
         self.remote: RemoteTier | None = None
         if pool.store is not None:
-            self.remote = RemoteTier(pool.store, PageLayout.of_cache(pool.cache),
-                                     config.kv_namespace)
+            self.remote = RemoteTier(pool.store, self.page_layout, config.kv_namespace)
             self.blocks.published = []
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
@@ -128,31 +130,32 @@ class LLMEngine:
 
     # The remote tier (runtime/engine/remote_kv/tier.py), when the KV backend has a store.
     def prefix_hashes(self, seq: Sequence) -> list[bytes]:
-        """Chain hashes of the blocks of seq's prompt a prefix hit may cover (all full blocks
-        but one token short, as find_cached_blocks caps them). Any thread may call it for a
-        sequence not yet queued."""
+        """Chain hashes of the blocks of seq a prefix hit may cover (block_manager's
+        prefix_hashes); kept on seq. Any thread may call it for a sequence not yet queued."""
         self.blocks.update_hashes(seq)
         return seq.block_hashes[:(seq.num_tokens - 1) // self.blocks.block_size]
 
-    def lookup_remote(self, seq: Sequence) -> list[tuple[bytes, bytearray]]:
+    def lookup_remote(self, seq: Sequence) -> list[Page]:
         """Pages of seq's prefix the local pool misses and the store has, for install_pages;
         off the compute thread (it waits on the store)."""
         if self.remote is None or not self.config.enable_prefix_caching:
             return []
         return self.remote.lookup(self.blocks.cached, self.prefix_hashes(seq))
 
-    def install_pages(self, pages: list[tuple[bytes, bytearray]]) -> int:
+    def install_pages(self, pages: list[Page]) -> int:
         """Put pages (looked up, or handed over by a prefill node) into the pool as cached
         blocks; on the compute thread, before the request they serve is queued."""
-        if self.remote is None or not pages:
+        if not pages or not self.config.enable_prefix_caching:
             return 0
-        return self.remote.install(self.blocks, self.runner.kv_cache, pages)
+        return kv_pages.install(self.blocks, self.runner.kv_cache, self.page_layout, pages)
 
     def export_pages(self, hashes: list[bytes]) -> list[bytes]:
         """Page records of the longest cached run of hashes; on the compute thread."""
-        if self.remote is None:
-            return []
-        return self.remote.export(self.blocks, self.runner.kv_cache, hashes)
+        return kv_pages.export(self.blocks, self.runner.kv_cache, self.page_layout, hashes)
+
+    def accept_records(self, hashes: list[bytes], records: list[bytes | None]) -> list[Page]:
+        """The leading records that are whole pages of hashes (a prefill node's answer)."""
+        return kv_pages.accept(self.page_layout, hashes, records)[0]
 
     def close(self) -> None:
         if self.remote is not None:

@@ -81,7 +81,7 @@ class HeartbeatSender:
                 kv_usage = max(kv_usage, stats.kv_usage)
         return NodeReport(
             city=city.code, name=city.name, url=self.public_url,
-            lat=city.lat, lon=city.lon, role=city.role,
+            lat=city.lat, lon=city.lon, role=self.node.role,
             memory_budget_bytes=city.memory_budget_bytes,
             accelerator_bytes=city.declared_accelerator_bytes,
             accelerators={"kind": city.accelerators.kind, "count": city.accelerators.count},

@@ -28,6 +28,11 @@ class EdgeNode:
             lambda spec: build_served_model(spec, self.settings, self.compute), self.compute)
         self.ready = False
 
+    @property
+    def role(self) -> str:
+        """prefill, decode or both: the settings' over the city's."""
+        return self.settings.role or self.city.role
+
     def start(self) -> None:
         """Load plugins (models load lazily, on their first request); then the node is ready."""
         load_plugins()
@@ -55,6 +60,7 @@ class EdgeNode:
         health = {
             "status": status,
             "city": self.city.code,
+            "role": self.role,
             "loaded_models": self.registry.loaded(),
             "memory_budget_bytes": self.registry.budget_bytes,
             "memory_used_bytes": self.registry.used_bytes,

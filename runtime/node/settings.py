@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from edgefire.planning.node import CPU_NODE
@@ -27,6 +28,10 @@ class NodeSettings(BaseSettings):
     max_request_bytes: int = 1 << 20
     dtype: str = "auto"
     kv_backend: str = "local_paged"
+    # prefill, decode or both; unset: the city's (edge_nodes/<city>.yaml). A decode node hands
+    # prompts to the prefill node the gateway names (runtime/server/prefill.py).
+    role: Literal["prefill", "decode", "both"] | None = None
+    prefill_timeout_s: float = Field(30.0, gt=0)  # a hand-off past this is prefilled here
     gateway_url: str | None = None  # set, the node heartbeats to this gateway
     public_url: str | None = None  # the URL the gateway reaches this node at
     heartbeat_interval_s: float = 2.0

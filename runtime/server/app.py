@@ -7,6 +7,8 @@ Routes (under API = /client/v4/accounts/{account_id}/ai, guarded by the node sec
   POST API/v1/chat/completions     OpenAI chat completions (bare OpenAI bodies and errors)
   POST API/v1/embeddings           OpenAI embeddings
   GET  API/v1/models               OpenAI model list (runnable models)
+  POST /internal/kv/prefill        a decode node's prefill hand-off (runtime/server/prefill.py;
+                                   node secret)
   GET  /health                     503 until the node is ready, then node.health(): 200 with
                                    status "ok", or "degraded" while a model failed lately (the
                                    node stays routable: its other models serve, and a dead
@@ -42,6 +44,7 @@ from edgefire.runtime.server.metrics import ServerMetrics
 from edgefire.runtime.server.native import WorkersAIRoutes
 from edgefire.runtime.server.openai_compat import OpenAIRoutes
 from edgefire.runtime.server.ops import OpsRoutes
+from edgefire.runtime.server.prefill import INTERNAL_PREFIX, PREFILL_ROUTE, PrefillRoutes
 from edgefire.runtime.weight_precision import compute_precision, stated_precision
 
 API_PREFIX = "/client/v4/accounts/{account_id}/ai"
@@ -55,6 +58,7 @@ def create_app(node: EdgeNode) -> Starlette:
     compute = compute_precision(node.settings.dtype)
     catalog = CatalogRoutes(node.catalog, partial(stated_precision, compute=compute))
     ops = OpsRoutes(node, metrics)
+    prefill = PrefillRoutes(node)
     api = [
         Route("/run/{model:path}", native.run, methods=["POST"]),
         Route("/models/search", catalog.search, methods=["GET"]),
@@ -65,6 +69,8 @@ def create_app(node: EdgeNode) -> Starlette:
     ]
     routes = [
         Mount(API_PREFIX, routes=api, middleware=[Middleware(NodeSecretMiddleware, node=node)]),
+        Mount(INTERNAL_PREFIX, routes=[Route(PREFILL_ROUTE, prefill.prefill, methods=["POST"])],
+              middleware=[Middleware(NodeSecretMiddleware, node=node)]),
         Route("/health", ops.health, methods=["GET"]),
         Route("/metrics", ops.prometheus, methods=["GET"]),
         Route(OPENAPI_PATH, serve_document(node_document(node.catalog)), methods=["GET"]),
@@ -81,6 +87,7 @@ def create_app(node: EdgeNode) -> Starlette:
         finally:
             if heartbeat is not None:
                 await asyncio.to_thread(heartbeat.stop)  # joins its thread: off the loop
+            await text.handoff.close()
             node.stop()
 
     handlers = {EdgefireError: handle_error, HTTPException: handle_error}

@@ -25,11 +25,13 @@ from edgefire.contract.headers import MINIATURE, PROMPT_TOKENS, WEIGHT_PRECISION
 from edgefire.contract.http_errors import time_limit
 from edgefire.contract.text_generation import TextGenerationRequest
 from edgefire.runtime.engine.outputs import RequestOutput, Usage
+from edgefire.runtime.engine.remote_kv.pages import Page
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.served import ServedLM
 from edgefire.runtime.server import tool_calls
 from edgefire.runtime.server.metrics import RequestTimer, ServerMetrics
+from edgefire.runtime.server.prefill import PrefillHandoff
 from edgefire.runtime.server.prompts import encode_prompt
 
 
@@ -93,8 +95,8 @@ class Generation:
         return {**self.headers, PROMPT_TOKENS: str(self.num_prompt_tokens)}
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-            salt: bytes, timer: RequestTimer) -> None:
-        stream = self._served.engine.add_request(request_id, prompt_ids, params, salt)
+            salt: bytes, timer: RequestTimer, pages: list[Page] | None = None) -> None:
+        stream = self._served.engine.add_request(request_id, prompt_ids, params, salt, pages)
         choice = _Choice(request_id, stream, timer)
         self._choices.append(choice)
         self._stack.push_async_callback(self._release, choice)
@@ -128,6 +130,7 @@ class TextGenerator:
     def __init__(self, node: EdgeNode, metrics: ServerMetrics) -> None:
         self.node = node
         self.metrics = metrics
+        self.handoff = PrefillHandoff(node, metrics.prefill_handoffs)
         # Keys the prefix-cache salt when the node has no secret; see prefix_cache_salt.
         self._process_key = secrets.token_bytes(32)
 
@@ -143,10 +146,11 @@ class TextGenerator:
         key = secret.encode() if secret else self._process_key
         return hmac.new(key, account_id.encode(), hashlib.sha256).digest()
 
-    async def start(self, account_id: str, spec: ModelSpec,
-                    request: TextGenerationRequest) -> Generation:
+    async def start(self, account_id: str, spec: ModelSpec, request: TextGenerationRequest,
+                    prefill_node: str | None = None) -> Generation:
         """Engine requests for each of request's choices, running; the caller must close()
-        the result."""
+        the result. On a decode node, prefill_node (the gateway's PREFILL_NODE header) is
+        where the prompt's prefill is handed off to (runtime/server/prefill.py)."""
         started = time.perf_counter()
         request = tool_calls.prepare(request)
         params = per_choice(SamplingParams(**request.sampling), request.n)
@@ -162,10 +166,13 @@ class TextGenerator:
                                                  served.max_model_len, served.max_token_chars)
             generation = Generation(served, stack, len(prompt_ids))
             salt = self.prefix_cache_salt(account_id)
+            pages = None
+            if prefill_node and self.handoff.accepts(prefill_node):
+                pages = await self.handoff.run(prefill_node, served, prompt_ids, salt)
             for p in params:
                 timer = self.metrics.timer(spec.id, started)
                 timer.num_prompt_tokens = len(prompt_ids)
-                generation.add(uuid.uuid4().hex, prompt_ids, p, salt, timer)
+                generation.add(uuid.uuid4().hex, prompt_ids, p, salt, timer, pages)
         except BaseException as exc:
             status = "error" if isinstance(exc, Exception) else "aborted"
             self.metrics.timer(spec.id, started).end(status)
@@ -174,15 +181,17 @@ class TextGenerator:
         return generation
 
     async def complete(self, receive: Receive, account_id: str, spec: ModelSpec,
-                       request: TextGenerationRequest) -> Completed:
+                       request: TextGenerationRequest,
+                       prefill_node: str | None = None) -> Completed:
         """Run to the end within the node's request timeout (3007 past it, aborting), unless
         the client (`receive` is its request's) goes away first: then abort at once."""
-        return await unless_disconnected(receive, self._complete(account_id, spec, request))
+        return await unless_disconnected(
+            receive, self._complete(account_id, spec, request, prefill_node))
 
-    async def _complete(self, account_id: str, spec: ModelSpec,
-                        request: TextGenerationRequest) -> Completed:
+    async def _complete(self, account_id: str, spec: ModelSpec, request: TextGenerationRequest,
+                        prefill_node: str | None) -> Completed:
         async with time_limit(self.node.settings.request_timeout_s):
-            generation = await self.start(account_id, spec, request)
+            generation = await self.start(account_id, spec, request, prefill_node)
             try:
                 # One at a time is enough: every choice runs in the engine meanwhile.
                 choices = [await generation.collect(i) for i in range(generation.num_choices)]

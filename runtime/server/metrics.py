@@ -17,6 +17,9 @@ is evicted and loaded again, which Prometheus treats as a counter reset):
 Observed by the HTTP layer, per engine request (an OpenAI `n` > 1 call makes n of them; for
 those, latencies of choices after the first are measured as they are read):
   edgefire_prompt_tokens_total          counter   prompt tokens prefilled (embedding inputs too)
+  edgefire_prefill_handoffs_total{outcome} counter prompts a decode node handed to a prefill
+                                                  node: store | http (how the pages came) |
+                                                  fallback (it failed; prefilled here)
   edgefire_generation_tokens_total      counter   tokens generated
   edgefire_requests_total{status}       counter   requests ended: success | aborted (client
                                                   gone or timed out) | error
@@ -59,6 +62,9 @@ class ServerMetrics:
             return Histogram(name, doc, [LABEL], buckets=_LATENCY_BUCKETS,
                              registry=self.registry)
 
+        self.prefill_handoffs = counter("edgefire_prefill_handoffs_total",
+                                        "Prompts a decode node handed to a prefill node.",
+                                        "outcome")
         self.prompt_tokens = counter("edgefire_prompt_tokens_total", "Prompt tokens prefilled.")
         self.generation_tokens = counter("edgefire_generation_tokens_total",
                                          "Tokens generated.")

@@ -14,6 +14,7 @@ from edgefire.contract.bodies import read_json
 from edgefire.contract.catalog import ModelSpec
 from edgefire.contract.envelope import success
 from edgefire.contract.errors import InvalidInputError
+from edgefire.contract.headers import PREFILL_NODE
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
@@ -48,11 +49,13 @@ class WorkersAIRoutes:
         account_id = request.path_params["account_id"]
         inputs = text_generation.parse_run(body)
         if inputs.stream:
-            generation = await self.text.start(account_id, spec, inputs)
+            generation = await self.text.start(account_id, spec, inputs,
+                                               request.headers.get(PREFILL_NODE))
             events = _tool_events(generation) if inputs.calls_tools else _events(generation)
             return EventStream(events, generation.close, openai=False,
                                headers=generation.stream_headers)
-        completed = await self.text.complete(request.receive, account_id, spec, inputs)
+        completed = await self.text.complete(request.receive, account_id, spec, inputs,
+                                             request.headers.get(PREFILL_NODE))
         [done] = completed.choices
         if inputs.calls_tools:
             result = _tool_result(done)

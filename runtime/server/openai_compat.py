@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from edgefire.contract import embeddings, text_generation
 from edgefire.contract.bodies import read_json
 from edgefire.contract.catalog_api import openai_model_list
+from edgefire.contract.headers import PREFILL_NODE
 from edgefire.contract.schemas import TEXT_EMBEDDINGS, TEXT_GENERATION
 from edgefire.contract.sse import EventStream
 from edgefire.runtime.node.node import EdgeNode
@@ -43,13 +44,15 @@ class OpenAIRoutes:
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         account_id = request.path_params["account_id"]
         if inputs.stream:
-            generation = await self.text.start(account_id, spec, inputs)
+            generation = await self.text.start(account_id, spec, inputs,
+                                               request.headers.get(PREFILL_NODE))
             precision = generation.weight_precision
             head["system_fingerprint"] = fingerprint(precision)
             return EventStream(_chunks(generation, head, inputs.include_usage,
                                        inputs.calls_tools),
                                generation.close, openai=True, headers=generation.stream_headers)
-        done = await self.text.complete(request.receive, account_id, spec, inputs)
+        done = await self.text.complete(request.receive, account_id, spec, inputs,
+                                        request.headers.get(PREFILL_NODE))
         head["system_fingerprint"] = fingerprint(done.weight_precision)
         return JSONResponse(_completion(head, done.choices, inputs.calls_tools),
                             headers=done.headers)

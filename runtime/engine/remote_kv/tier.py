@@ -26,15 +26,14 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from edgefire.runtime.engine.block_manager import BlockManager
 from edgefire.runtime.engine.remote_kv.latency import LatencyHistogram
-from edgefire.runtime.engine.remote_kv.page_format import PageFormatError, PageLayout, pack, unpack
+from edgefire.runtime.engine.remote_kv.page_format import PageLayout, pack
+from edgefire.runtime.engine.remote_kv.pages import CODEC, Page, accept, gather, page_bytes
 from edgefire.runtime.engine.remote_kv.store import PageStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CODEC = "identity"
 # Pages waiting for the writer at most; past this (a store slower than the engine) new pages
 # are not written rather than held in memory without bound.
 MAX_QUEUED_PAGES = 2048
@@ -52,7 +51,6 @@ class TierStats:
     num_bytes_read: int = 0
     num_pages_rejected: int = 0  # found but refused: damaged or of another layout
     num_pages_dropped: int = 0  # not written: the store was unavailable or the queue full
-    num_pages_installed: int = 0  # read pages that went into the pool
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
@@ -92,44 +90,10 @@ class RemoteTier:
                 return
             self._num_queued_pages += len(published)
         ids = torch.tensor([block_id for block_id, _ in published])
-        self._queue.put(_Batch([h for _, h in published], _gather(cache, ids)))
-
-    def install(self, blocks: BlockManager, cache: torch.Tensor,
-                pages: list[tuple[bytes, bytearray]]) -> int:
-        """Put looked-up pages into free blocks as cached blocks; returns how many went in.
-
-        At most the pool's free blocks are taken, so a page never evicts another of the same
-        run; a page whose block the pool already caches is skipped.
-        """
-        num_installed = 0
-        for block_hash, payload in pages[:blocks.num_free_blocks]:
-            block_id = blocks.adopt(block_hash)
-            if block_id is None:
-                continue
-            cache[:, :, :, block_id].copy_(_as_page(payload, self.layout))
-            num_installed += 1
-        self.stats.num_pages_installed += num_installed
-        return num_installed
-
-    def export(self, blocks: BlockManager, cache: torch.Tensor,
-               hashes: list[bytes]) -> list[bytes]:
-        """Records of the longest run of `hashes` the pool caches (a prefill node's answer to
-        a decode node that reaches it directly, without a store)."""
-        ids: list[int] = []
-        for block_hash in hashes:
-            block_id = blocks.cached.get(block_hash)
-            if block_id is None:
-                break
-            ids.append(block_id)
-        if not ids:
-            return []
-        pages = _gather(cache, torch.tensor(ids))
-        return [pack(self.layout, h, _page_bytes(pages[i]), CODEC)
-                for i, h in enumerate(hashes[:len(ids)])]
+        self._queue.put(_Batch([h for _, h in published], gather(cache, ids)))
 
     # Any thread but the compute thread.
-    def lookup(self, cached: Mapping[bytes, int], hashes: list[bytes]
-               ) -> list[tuple[bytes, bytearray]]:
+    def lookup(self, cached: Mapping[bytes, int], hashes: list[bytes]) -> list[Page]:
         """Pages for the blocks after the local pool's run of `hashes`, as far as the store
         has them whole. Never raises for the store: unavailable reads as no pages."""
         start = 0
@@ -139,27 +103,13 @@ class RemoteTier:
         if not wanted:
             return []
         ok, records = self._call(self.store.get_many, [self.key(h) for h in wanted])
-        return self.accept_records(wanted, records) if ok else []
+        return self._accept(wanted, records) if ok else []
 
-    def accept_records(self, hashes: list[bytes], records: list[bytes | None]
-                       ) -> list[tuple[bytes, bytearray]]:
-        """The leading pages of `records` that are whole pages of `hashes`, in order."""
-        pages = []
-        for block_hash, record in zip(hashes, records, strict=False):
-            if record is None:
-                break
-            try:
-                codec, payload = unpack(record, self.layout, block_hash)
-                if codec != CODEC:
-                    raise PageFormatError(f"unknown KV codec {codec!r}")
-            except PageFormatError as exc:
-                self.stats.num_pages_rejected += 1
-                log.warning("KV page %s refused (%s); recomputing from there",
-                            block_hash.hex()[:16], exc)
-                break
-            pages.append((block_hash, bytearray(payload)))
-            self.stats.num_bytes_read += len(record)
+    def _accept(self, hashes: list[bytes], records: list[bytes | None]) -> list[Page]:
+        pages, num_rejected = accept(self.layout, hashes, records)
         self.stats.num_pages_read += len(pages)
+        self.stats.num_bytes_read += sum(len(r) for r in records[:len(pages)] if r)
+        self.stats.num_pages_rejected += num_rejected
         return pages
 
     def flush(self, timeout_s: float) -> bool:
@@ -193,7 +143,7 @@ class RemoteTier:
                     self._drained.notify_all()
 
     def _write(self, batch: _Batch) -> None:
-        items = [(self.key(h), pack(self.layout, h, _page_bytes(batch.pages[i]), CODEC))
+        items = [(self.key(h), pack(self.layout, h, page_bytes(batch.pages[i]), CODEC))
                  for i, h in enumerate(batch.hashes)]
         ok, _ = self._call(self.store.put_many, items)
         if not ok:
@@ -214,23 +164,3 @@ class RemoteTier:
         self.stats.latency.observe(time.perf_counter() - started)
         self.available = True
         return True, result
-
-
-def _gather(cache: torch.Tensor, ids: torch.Tensor) -> np.ndarray:
-    """Pages `ids` of the pool [layers, 2, heads, blocks, block, dim] as a plain array
-    [n, layers, 2, heads, block, dim]; 16-bit floats travel as their bits (numpy has no
-    bfloat16)."""
-    pages = cache.index_select(3, ids).movedim(3, 0).contiguous()
-    if pages.dtype.itemsize == 2 and pages.dtype.is_floating_point:
-        pages = pages.view(torch.int16)
-    return pages.numpy()
-
-
-def _page_bytes(page: np.ndarray) -> memoryview:
-    return memoryview(page).cast("B")
-
-
-def _as_page(payload: bytearray, layout: PageLayout) -> torch.Tensor:
-    if layout.dtype.itemsize == 2:
-        return torch.frombuffer(payload, dtype=torch.int16).view(layout.dtype).view(layout.shape)
-    return torch.frombuffer(payload, dtype=layout.dtype).view(layout.shape)

@@ -1,0 +1,90 @@
+"""Pages between a pool and their records: gathered out, checked, installed as cached blocks.
+
+Both ways of moving KV between nodes use these: a KV store (remote_kv/tier.py) and a prefill
+node answering a decode node directly over HTTP (runtime/server/prefill.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.remote_kv.page_format import PageFormatError, PageLayout, pack, unpack
+
+log = logging.getLogger(__name__)
+
+CODEC = "identity"
+Page = tuple[bytes, bytearray]  # (chain hash, payload)
+
+
+def gather(cache: torch.Tensor, ids: torch.Tensor) -> np.ndarray:
+    """Pages `ids` of the pool [layers, 2, heads, blocks, block, dim] as a plain array
+    [n, layers, 2, heads, block, dim]; 16-bit floats travel as their bits (numpy has no
+    bfloat16)."""
+    pages = cache.index_select(3, ids).movedim(3, 0).contiguous()
+    if pages.dtype.itemsize == 2 and pages.dtype.is_floating_point:
+        pages = pages.view(torch.int16)
+    return pages.numpy()
+
+
+def page_bytes(page: np.ndarray) -> memoryview:
+    return memoryview(page).cast("B")
+
+
+def accept(layout: PageLayout, hashes: list[bytes], records: list[bytes | None]
+           ) -> tuple[list[Page], int]:
+    """The leading records that are whole pages of `hashes` in order, and how many were
+    refused (0 or 1: a refused page ends the run, the rest is recomputed)."""
+    pages: list[Page] = []
+    for block_hash, record in zip(hashes, records, strict=False):
+        if record is None:
+            break
+        try:
+            codec, payload = unpack(record, layout, block_hash)
+            if codec != CODEC:
+                raise PageFormatError(f"unknown KV codec {codec!r}")
+        except PageFormatError as exc:
+            log.warning("KV page %s refused (%s); recomputing from there",
+                        block_hash.hex()[:16], exc)
+            return pages, 1
+        pages.append((block_hash, bytearray(payload)))
+    return pages, 0
+
+
+def install(blocks: BlockManager, cache: torch.Tensor, layout: PageLayout,
+            pages: list[Page]) -> int:
+    """Put pages into free blocks as cached blocks; returns how many went in. At most the
+    pool's free blocks are taken, so a page never evicts another of the same run; a page
+    whose block the pool already caches is skipped."""
+    num_installed = 0
+    for block_hash, payload in pages[:blocks.num_free_blocks]:
+        block_id = blocks.adopt(block_hash)
+        if block_id is None:
+            continue
+        cache[:, :, :, block_id].copy_(_as_page(payload, layout))
+        num_installed += 1
+    return num_installed
+
+
+def export(blocks: BlockManager, cache: torch.Tensor, layout: PageLayout,
+           hashes: list[bytes]) -> list[bytes]:
+    """Records of the longest run of `hashes` the pool caches."""
+    ids: list[int] = []
+    for block_hash in hashes:
+        block_id = blocks.cached.get(block_hash)
+        if block_id is None:
+            break
+        ids.append(block_id)
+    if not ids:
+        return []
+    pages = gather(cache, torch.tensor(ids))
+    return [pack(layout, h, page_bytes(pages[i]), CODEC) for i, h in enumerate(hashes[:len(ids)])]
+
+
+def _as_page(payload: bytearray, layout: PageLayout) -> torch.Tensor:
+    if layout.dtype.itemsize == 2:
+        return torch.frombuffer(payload, dtype=torch.int16).view(layout.dtype).view(layout.shape)
+    return torch.frombuffer(payload, dtype=layout.dtype).view(layout.shape)
