@@ -110,10 +110,11 @@ class AsyncEngine:
     def block_size(self) -> int:
         return self.engine.blocks.block_size
 
-    def caches_all(self, hashes: list[bytes]) -> bool:
-        """The local pool caches every block of hashes now (it may evict them later)."""
+    def num_cached_leading(self, hashes: list[bytes]) -> int:
+        """How many of hashes, from the first, the local pool caches now (it may evict them
+        later)."""
         cached = self.engine.blocks.cached  # a dict read whole under the GIL
-        return all(h in cached for h in hashes)
+        return next((i for i, h in enumerate(hashes) if h not in cached), len(hashes))
 
     def accept_records(self, hashes: list[bytes], records: list[bytes | None]) -> list[Page]:
         return self.engine.accept_records(hashes, records)

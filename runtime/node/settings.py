@@ -32,6 +32,9 @@ class NodeSettings(BaseSettings):
     # prompts to the prefill node the gateway names (runtime/server/prefill.py).
     role: Literal["prefill", "decode", "both"] | None = None
     prefill_timeout_s: float = Field(30.0, gt=0)  # a hand-off past this is prefilled here
+    # A decode node prefills prompts with fewer uncached tokens than this itself (NVIDIA
+    # Dynamo's conditional disaggregation): the trip costs more than a short chunk does.
+    prefill_handoff_min_tokens: int = Field(256, ge=1)
     gateway_url: str | None = None  # set, the node heartbeats to this gateway
     public_url: str | None = None  # the URL the gateway reaches this node at
     heartbeat_interval_s: float = 2.0

@@ -13,6 +13,7 @@ itself: a hand-off can only save time, never lose a request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import time
@@ -127,10 +128,12 @@ class PrefillHandoff:
                   salt: bytes) -> list[Page] | None:
         """Pages for the prompt's prefix from the prefill node at url, to install; None to go
         on as without a hand-off: the pages went to the store (the request's lookup finds
-        them), the hand-off failed, or it was not worth it (the blocks are cached here)."""
+        them), the hand-off failed, or it was not worth it (fewer uncached prompt tokens than
+        prefill_handoff_min_tokens: a short prefill costs a decode step less than a trip)."""
         engine = served.engine
         hashes = prefix_hashes(prompt_ids, salt, engine.block_size)
-        if not hashes or engine.caches_all(hashes):
+        num_uncached = len(prompt_ids) - engine.num_cached_leading(hashes) * engine.block_size
+        if num_uncached < self.node.settings.prefill_handoff_min_tokens:
             return None
         via = "store" if engine.remote_tier is not None else "http"
         headers = {NODE_SECRET: self.node.settings.node_secret or ""}
@@ -145,7 +148,9 @@ class PrefillHandoff:
                     raise ValueError("the prefill node answered without pages")
                 self.count(served, "store")
                 return None
-            pages = engine.accept_records(hashes, unframe(response.content))
+            # Tens of megabytes to check: off the event loop, which streams other answers.
+            pages = await asyncio.to_thread(engine.accept_records, hashes,
+                                            unframe(response.content))
         except (httpx.HTTPError, ValueError) as exc:
             self.count(served, "fallback")
             log.warning("prefill hand-off to %s failed (%s: %s); prefilling here", url,
