@@ -77,7 +77,7 @@ def make_prompts(tokenize: Callable[[str], list[int]], lengths: Sequence[int], s
 
 
 def percentiles(values: Sequence[float], scale: float = 1.0,
-                points: Sequence[int] = (50, 99)) -> dict[str, float | None]:
+                points: Sequence[float] = (50, 99)) -> dict[str, float | None]:
     if not values:
         return {f"p{p}": None for p in points}
     found = np.percentile(np.asarray(values, dtype=np.float64) * scale, list(points))

@@ -87,7 +87,7 @@ def create_app(node: EdgeNode) -> Starlette:
         finally:
             if heartbeat is not None:
                 await asyncio.to_thread(heartbeat.stop)  # joins its thread: off the loop
-            await text.handoff.close()
+            text.handoff.close()
             node.stop()
 
     handlers = {EdgefireError: handle_error, HTTPException: handle_error}

@@ -8,19 +8,19 @@ missing, truncated, damaged or of another layout, and recompute it instead of us
 
 from __future__ import annotations
 
-import hashlib
 import struct
+import zlib
 from dataclasses import dataclass
 
 import torch
 
 MAGIC = b"EFKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _DTYPES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 _DTYPE_OF = {code: dtype for dtype, code in _DTYPES.items()}
 # magic, version, dtype, number of dims, layer range [first, end), codec name length,
-# block hash, payload checksum, payload length.
-_HEAD = struct.Struct("<4sBBBHH B 32s 16s Q")
+# block hash, payload CRC-32, payload length.
+_HEAD = struct.Struct("<4sBBBHH B 32s I Q")
 _DIM = struct.Struct("<I")
 
 
@@ -51,8 +51,11 @@ class PageLayout:
         return self.first_layer + self.shape[0]
 
 
-def checksum(payload: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(payload, digest_size=16).digest()
+def checksum(payload: bytes | memoryview) -> int:
+    """CRC-32: it catches damage, not forgery (a writer that can forge a page could forge any
+    checksum too; what keeps other tenants out is the keyed salt in the key). 5x faster here
+    than BLAKE2b, measured on a lookup's 29 MB of pages: 7 vs 33 ms."""
+    return zlib.crc32(payload)
 
 
 def pack(layout: PageLayout, block_hash: bytes, payload: bytes | memoryview,
