@@ -56,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--decoders", type=int, default=4, help="decoding requests kept in flight")
     p.add_argument("--decode-words", type=int, default=24)
     p.add_argument("--decode-max-tokens", type=int, default=96)
-    p.add_argument("--long-words", type=int, default=1100, help="about 1,500 tokens")
+    p.add_argument("--long-words", type=int, default=1280, help="about 1,500 tokens")
     p.add_argument("--long-every", type=float, default=4.0, help="seconds between long prompts")
     p.add_argument("--long-max-tokens", type=int, default=8)
     p.add_argument("--reuse-trials", type=int, default=5)

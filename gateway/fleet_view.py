@@ -26,8 +26,11 @@ from edgefire.planning.accelerators import accelerator
 def fleet_view(directory: NodeDirectory, cities: list[City], catalog: Catalog,
                placement: Placement | None = None) -> dict:
     placement = placement or Placement()
-    nodes = {node.city: node for node in directory.nodes()}
-    healthy = {node.city for node in directory.healthy()}
+    # A disaggregated city runs a prefill and a decode node: its row is the node that takes
+    # its requests (the decode node), so prefill nodes go first and are written over.
+    ordered = sorted(directory.nodes(), key=lambda node: node.role != "prefill")
+    nodes = {node.city: node for node in ordered}
+    healthy = {node.city for node in directory.healthy() if nodes[node.city] is node}
     declared = {city.code: city for city in cities}
     hosts = _Hosts(catalog.specs, {spec.id: spec.need_bytes for spec in catalog.specs},
                    placement)

@@ -6,6 +6,11 @@ routes to the decode pool and names a prefill node."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -22,6 +27,7 @@ from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.server import create_app
 from edgefire.runtime.server.metrics import ServerMetrics
 from edgefire.runtime.server.prefill import PREFILL_PATH, PrefillHandoff, frame, unframe
+from edgefire.testing.fleet import free_port
 from tests.redis_support import needs_redis
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -115,6 +121,46 @@ def test_a_prefill_node_that_fails_leaves_the_decode_node_to_prefill(fleet, serv
             got = _ask(decode, url, max_tokens=8, messages=messages)
             assert got["response"] == reference["response"]
     assert _handoffs(decode, "fallback") == before + 2
+
+
+def test_a_prefill_node_killed_mid_handoff_leaves_the_decode_node_to_prefill(fleet):
+    both, _, decode = fleet
+    port = free_port()
+    env = {**os.environ, "EDGEFIRE_NODE_SECRET": SECRET, "EDGEFIRE_ROLE": "prefill",
+           "EDGEFIRE_DTYPE": "float32", "EDGEFIRE_KV_CACHE_MIB": "64"}
+    process = subprocess.Popen([sys.executable, "-m", "edgefire.edge_nodes.cli", "start",
+                                "--city", "fra", "--port", str(port)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=120, headers={NODE_SECRET: SECRET}) as prefill:
+            deadline = time.monotonic() + 120
+            while True:  # up, then the model loaded by a first hand-off
+                with contextlib.suppress(httpx.HTTPError):
+                    if prefill.post(PREFILL_PATH, json={
+                            "model": SMOL, "prompt_token_ids": [1] * 40, "salt": "00",
+                            "via": "http"}).status_code == 200:
+                        break
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            messages = [{"role": "user", "content": f"Killed. {STORY} {STORY} {STORY}"}]
+            reference = _ask(both, max_tokens=8, messages=messages)
+            before = _handoffs(decode, "fallback")
+            answer: dict = {}
+            asking = threading.Thread(target=lambda: answer.update(
+                _ask(decode, url, max_tokens=8, messages=messages)))
+            asking.start()
+            while "edgefire_requests_running{" not in (text := prefill.get("/metrics").text) \
+                    or f'edgefire_requests_running{{model_name="{SMOL}"}} 1.0' not in text:
+                assert asking.is_alive(), "the prefill node finished before it was killed"
+                time.sleep(0.02)
+            process.kill()  # mid-prefill, the decode node waiting on its answer
+            asking.join(120)
+    finally:
+        process.kill()
+        process.wait()
+    assert answer["response"] == reference["response"]
+    assert _handoffs(decode, "fallback") == before + 1
 
 
 def test_only_a_decode_node_honours_the_header_and_an_open_one_only_on_loopback(fleet):
