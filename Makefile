@@ -71,6 +71,8 @@ bench: setup
 	$(PY) -m bench.fleet
 	$(PY) -m bench.quant
 	$(PY) -m bench.deterministic
+	# Colocated vs prefill/decode disaggregated on the two cores; remote prefix reuse (Redis).
+	$(PY) -m bench.disagg
 	# Ten minutes of 64 clients against a private `make run` fleet; exits 1 on a 5xx or a leak.
 	$(PY) -m bench.soak
 

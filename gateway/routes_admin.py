@@ -123,7 +123,7 @@ class AdminRoutes:
             status = "degraded"
         else:
             status = "ok"
-        return JSONResponse({"status": status, "healthy_nodes": [n.city for n in healthy],
+        return JSONResponse({"status": status, "healthy_nodes": [n.key for n in healthy],
                              "redis": redis}, 503 if status == "no_nodes" else 200)
 
 

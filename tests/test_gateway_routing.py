@@ -10,6 +10,7 @@ import pytest
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import City, all_cities, load_city
 from edgefire.contract.errors import ForbiddenError, InvalidInputError
+from edgefire.contract.headers import NODE_SECRET, PREFILL_NODE
 from edgefire.gateway.dev import PREFILL_PORT_OFFSET, node_commands
 from edgefire.gateway.routing.directory import NodeDirectory
 from edgefire.gateway.routing.geo import (
@@ -18,6 +19,7 @@ from edgefire.gateway.routing.geo import (
     great_circle_km,
     latency_ms,
 )
+from tests.gateway_fakes import MODEL, RecordingUpstream, gateway, heartbeat
 
 CITIES = {c.code: c for c in all_cities()}
 SMALL = "@cf/huggingfacetb/smollm2-135m-instruct"
@@ -348,3 +350,17 @@ def test_make_run_pd_starts_a_prefill_and_a_decode_node_per_city():
                                         str(port + PREFILL_PORT_OFFSET)]}
     assert node_commands(["fra", "lhr"], 9000, False) == {
         "fra": ["--city", "fra", "--port", "9000"], "lhr": ["--city", "lhr", "--port", "9001"]}
+
+
+def test_a_decode_node_is_sent_requests_with_a_prefill_node_named(serve, tmp_path):
+    decode, prefill = RecordingUpstream(), RecordingUpstream()
+    with serve(decode) as decode_url, serve(prefill) as prefill_url, \
+            gateway(serve, tmp_path, node_secret="s") as gw, gw.client() as client:
+        assert gw.beat(heartbeat(decode_url, role="decode"), "s").status_code == 200
+        assert gw.beat(heartbeat(prefill_url, role="prefill"), "s").status_code == 200
+        response = client.post(f"/client/v4/accounts/{gw.account_id}/ai/run/{MODEL}",
+                               json={"prompt": "hello"})
+        assert response.status_code == 200, response.text
+    [seen] = decode.seen
+    assert seen.headers[PREFILL_NODE] == prefill_url and seen.headers[NODE_SECRET] == "s"
+    assert prefill.seen == []  # prefill nodes take no requests of their own

@@ -34,16 +34,17 @@ from edgefire.runtime.engine.remote_kv.store import PageStore, StoreUnavailable
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Pages waiting for the writer at most; past this (a store slower than the engine) new pages
-# are not written rather than held in memory without bound.
-MAX_QUEUED_PAGES = 2048
+# Bytes of pages waiting for the writer at most; past this (a store slower than the engine)
+# new pages are not written rather than held in memory without bound.
+MAX_QUEUED_BYTES = 128 << 20
 MAX_LOOKUP_PAGES = 1024  # one lookup fetches at most this many pages (16k tokens at 16)
 PROBE_INTERVAL_S = 2.0  # the writer pings an idle store this often, for /health
 
 
 @dataclass(slots=True)
 class TierStats:
-    """Counters since the tier started; read whole from any thread."""
+    """Counters since the tier started; changed under the tier's lock, read whole from any
+    thread."""
 
     num_pages_written: int = 0
     num_bytes_written: int = 0
@@ -69,7 +70,9 @@ class RemoteTier:
         self.namespace = namespace
         self.stats = TierStats()
         self.available = True  # the store's state as the last call or probe found it
+        self._stats_lock = threading.Lock()  # the writer and lookup threads both count
         self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._max_queued_pages = max(1, MAX_QUEUED_BYTES // layout.num_bytes)
         self._num_queued_pages = 0
         self._drained = threading.Condition()
         self._writer = threading.Thread(target=self._write_loop, name="edgefire-kv-writer",
@@ -85,10 +88,12 @@ class RemoteTier:
         if not published:
             return
         with self._drained:
-            if self._num_queued_pages + len(published) > MAX_QUEUED_PAGES:
-                self.stats.num_pages_dropped += len(published)
-                return
-            self._num_queued_pages += len(published)
+            full = self._num_queued_pages + len(published) > self._max_queued_pages
+            if not full:
+                self._num_queued_pages += len(published)
+        if full:
+            self._count_dropped(len(published))
+            return
         ids = torch.tensor([block_id for block_id, _ in published])
         self._queue.put(_Batch([h for _, h in published], gather(cache, ids)))
 
@@ -107,10 +112,15 @@ class RemoteTier:
 
     def _accept(self, hashes: list[bytes], records: list[bytes | None]) -> list[Page]:
         pages, num_rejected = accept(self.layout, hashes, records)
-        self.stats.num_pages_read += len(pages)
-        self.stats.num_bytes_read += sum(len(r) for r in records[:len(pages)] if r)
-        self.stats.num_pages_rejected += num_rejected
+        with self._stats_lock:
+            self.stats.num_pages_read += len(pages)
+            self.stats.num_bytes_read += sum(len(r) for r in records[:len(pages)] if r)
+            self.stats.num_pages_rejected += num_rejected
         return pages
+
+    def _count_dropped(self, num_pages: int) -> None:
+        with self._stats_lock:
+            self.stats.num_pages_dropped += num_pages
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued page has been written (or dropped); False on timeout."""
@@ -136,7 +146,7 @@ class RemoteTier:
                 self._write(batch)
             except Exception:  # a bug here must not stop later writes or hang flush()
                 log.exception("writing KV pages failed")
-                self.stats.num_pages_dropped += len(batch.hashes)
+                self._count_dropped(len(batch.hashes))
             finally:
                 with self._drained:
                     self._num_queued_pages -= len(batch.hashes)
@@ -147,10 +157,11 @@ class RemoteTier:
                  for i, h in enumerate(batch.hashes)]
         ok, _ = self._call(self.store.put_many, items)
         if not ok:
-            self.stats.num_pages_dropped += len(items)
+            self._count_dropped(len(items))
             return
-        self.stats.num_pages_written += len(items)
-        self.stats.num_bytes_written += sum(len(record) for _, record in items)
+        with self._stats_lock:
+            self.stats.num_pages_written += len(items)
+            self.stats.num_bytes_written += sum(len(record) for _, record in items)
 
     def _call(self, fn: Callable[[list], T], arg: list) -> tuple[bool, T | None]:
         """(True, fn(arg)) timed into the latency histogram, or (False, None) if the store is
@@ -161,6 +172,7 @@ class RemoteTier:
         except StoreUnavailable:
             self.available = False
             return False, None
-        self.stats.latency.observe(time.perf_counter() - started)
+        with self._stats_lock:
+            self.stats.latency.observe(time.perf_counter() - started)
         self.available = True
         return True, result
