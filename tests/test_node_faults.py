@@ -262,9 +262,9 @@ def test_the_prefix_cache_salt_is_a_keyed_hash_of_the_account(server, monkeypatc
     salts: list[bytes] = []
     add_request = AsyncEngine.add_request
 
-    def spy(engine, request_id, prompt_token_ids, params, salt=b""):
+    def spy(engine, request_id, prompt_token_ids, params, salt=b"", pages=None):
         salts.append(salt)
-        return add_request(engine, request_id, prompt_token_ids, params, salt)
+        return add_request(engine, request_id, prompt_token_ids, params, salt, pages)
 
     monkeypatch.setattr(AsyncEngine, "add_request", spy)
     prompt = {"prompt": "Tell me about the sea. " * 8, "max_tokens": 1, "temperature": 0}

@@ -113,12 +113,21 @@ def test_every_answer_is_valid_against_its_schema(base_url, temperature):
     # All twenty at once: constrained requests share the engine's batch.
     answers = asyncio.run(_answers(base_url, temperature))
     for name, response in answers.items():
+        if temperature > 0 and response.status_code == 400:
+            # A sample may run a number's digits past max_tokens (in a batch its logits, so
+            # its path, depend on what shares the step; on a Zen 4 node the probability's
+            # did). Then the answer is the clear length error, never JSON cut short.
+            assert "ended (length) before its JSON value was complete" in response.text, (
+                name, response.text)
+            continue
         assert response.status_code == 200, (name, response.text)
         result = response.json()["result"]
         assert result["finish_reason"] == "stop", (name, result)
         # Workers AI's native form: the parsed value, not a string.
         assert jsonschema_rs.validator_for(SCHEMAS[name]).is_valid(result["response"]), (
             name, result["response"])
+    # Sampling cuts off few: most answers are whole, valid JSON.
+    assert sum(r.status_code == 200 for r in answers.values()) >= len(SCHEMAS) - 2
 
 
 def test_json_object_and_guided_json(base_url):
