@@ -9,7 +9,8 @@
    prompts, and total output tok/s. Infire reports ~3x lower p90 time per token with PD.
 2. Remote prefix reuse: node A (kv_backend redis) computes a long shared prefix; node B
    (redis) then answers a prompt on it from the store's pages, node C (local_paged) computes
-   it. Reported: their times to first token (max_tokens 1) and the ratio.
+   it. Reported: their times to first token (max_tokens 1) and the ratio, with pages stored
+   as they are and through the bf16_planes KV codec (with its bytes saved).
 
 Every request is greedy over the Workers AI REST API. Run from the repository root:
   .venv/bin/python -m bench.disagg [--quick]
@@ -74,9 +75,9 @@ class Trace:
 
 
 def start_node(port: int, role: str, cores: str | None, kv_backend: str = "local_paged",
-               store_prefix: str = "") -> subprocess.Popen:
+               store_prefix: str = "", codec: str = "identity") -> subprocess.Popen:
     env = {**os.environ, "EDGEFIRE_NODE_SECRET": SECRET, "EDGEFIRE_ROLE": role,
-           "EDGEFIRE_KV_BACKEND": kv_backend,
+           "EDGEFIRE_KV_BACKEND": kv_backend, "EDGEFIRE_KV_STORE_CODEC": codec,
            "EDGEFIRE_KV_STORE_PREFIX": store_prefix or f"edgefire-bench:{uuid.uuid4().hex}"}
     cmd = [sys.executable, "-m", "edgefire.edge_nodes.cli", "start", "--city", "fra",
            "--port", str(port)]
@@ -225,9 +226,10 @@ def first_token_s(base: str, prompt: str) -> tuple[float, int, int]:
             usage["prompt_tokens_details"]["cached_tokens"])
 
 
-def pages_written(base: str) -> float:
+def store_counter(base: str, name: str) -> float:
+    """A node's edgefire_kv_store_<name>_total."""
     for line in httpx.get(base + "/metrics").text.splitlines():
-        if line.startswith("edgefire_kv_store_pages_written_total{"):
+        if line.startswith(f"edgefire_kv_store_{name}_total{{"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -236,42 +238,63 @@ def settle(base: str) -> None:
     """Until node A's writes to the store stop rising (its writer runs after the answer)."""
     last, deadline = -1.0, time.monotonic() + 30
     while time.monotonic() < deadline:
-        now = pages_written(base)
+        now = store_counter(base, "pages_written")
         if now == last:
             return
         last = now
         time.sleep(0.3)
 
 
+CODECS = ("identity", "bf16_planes")  # the KV codecs pages are stored through
+
+
 def run_reuse(args: argparse.Namespace) -> dict:
-    prefix = f"edgefire-bench:{uuid.uuid4().hex}"
-    ports = [free_port() for _ in range(3)]
-    a, b, c = (f"http://127.0.0.1:{p}" for p in ports)
-    nodes = [start_node(ports[0], "both", None, "redis", prefix),
-             start_node(ports[1], "both", None, "redis", prefix),
-             start_node(ports[2], "both", None, "local_paged")]
-    trials = []
+    """Per codec, a writer node A and a reader node B on one store; C computes alone."""
+    prefixes = {codec: f"edgefire-bench:{uuid.uuid4().hex}" for codec in CODECS}
+    nodes, pairs = [], {}
     try:
-        for base in (a, b, c):
+        for codec in CODECS:
+            ports = free_port(), free_port()
+            nodes += [start_node(p, "both", None, "redis", prefixes[codec], codec)
+                      for p in ports]
+            pairs[codec] = tuple(f"http://127.0.0.1:{p}" for p in ports)
+        c_port = free_port()
+        nodes.append(start_node(c_port, "both", None))
+        c = f"http://127.0.0.1:{c_port}"
+        for base in (*(u for pair in pairs.values() for u in pair), c):
             warm(base, {})
+        trials = []
         for i in range(args.reuse_trials):
             shared = text(args.long_words, f"reuse-{i}-{uuid.uuid4().hex}")
-            first_token_s(a, shared + " First question: what is this about?")
-            settle(a)
             question = shared + " Second question: summarise it."
-            remote_s, num_prompt, num_cached = first_token_s(b, question)
-            recompute_s, _, _ = first_token_s(c, question)
-            trials.append({"prompt_tokens": num_prompt, "cached_tokens_remote": num_cached,
-                           "ttft_remote_ms": round(remote_s * 1000, 1),
-                           "ttft_recompute_ms": round(recompute_s * 1000, 1)})
-            log(f"reuse trial {i}: {trials[-1]}")
+            trial: dict = {}
+            for codec, (a, b) in pairs.items():
+                first_token_s(a, shared + " First question: what is this about?")
+                settle(a)
+                seconds, trial["prompt_tokens"], cached = first_token_s(b, question)
+                trial[f"ttft_remote_{codec}_ms"] = round(seconds * 1000, 1)
+                trial[f"cached_tokens_{codec}"] = cached
+            trial["ttft_recompute_ms"] = round(first_token_s(c, question)[0] * 1000, 1)
+            trials.append(trial)
+            log(f"reuse trial {i}: {trial}")
+        page_bytes = {codec: ratio_of(store_counter(b, "bytes_read"),
+                                      store_counter(b, "pages_read"))
+                      for codec, (_, b) in pairs.items()}
     finally:
         stop(*nodes)
-        drop_store(prefix)
-    remote = percentiles([t["ttft_remote_ms"] for t in trials], points=(50,))["p50"]
-    recompute = percentiles([t["ttft_recompute_ms"] for t in trials], points=(50,))["p50"]
+        for prefix in prefixes.values():
+            drop_store(prefix)
+
+    def median(key: str) -> float | None:
+        return percentiles([t[key] for t in trials], points=(50,))["p50"]
+
+    remote, recompute = median("ttft_remote_identity_ms"), median("ttft_recompute_ms")
     return {"trials": trials, "ttft_remote_p50_ms": remote, "ttft_recompute_p50_ms": recompute,
-            "ttft_speedup": ratio_of(recompute, remote)}
+            "ttft_speedup": ratio_of(recompute, remote),
+            "ttft_remote_bf16_planes_p50_ms": median("ttft_remote_bf16_planes_ms"),
+            "record_bytes_per_page": page_bytes,
+            "bf16_planes_bytes_saved": round(1 - page_bytes["bf16_planes"]
+                                             / page_bytes["identity"], 3)}
 
 
 LAYOUTS = {"colocated": "colocated (both, 2 cores)",
@@ -293,7 +316,10 @@ def render(layouts: dict[str, dict], reuse: dict, vs: dict) -> str:
             f"{vs['throughput_pd_over_colocated']}.\n\n"
             f"Remote prefix reuse ({reuse['trials'][0]['prompt_tokens']} tokens): TTFT "
             f"{reuse['ttft_remote_p50_ms']} ms from the store vs {reuse['ttft_recompute_p50_ms']}"
-            f" ms recomputed ({reuse['ttft_speedup']}x).\n")
+            f" ms recomputed ({reuse['ttft_speedup']}x). Through the bf16_planes codec: "
+            f"{reuse['ttft_remote_bf16_planes_p50_ms']} ms, "
+            f"{reuse['bf16_planes_bytes_saved']:.1%} fewer bytes a page "
+            f"({reuse['record_bytes_per_page']}).\n")
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ a TTL. Both happen in one Lua script per write, atomically, so nodes sharing the
 A page whose TTL ran out is still counted until it is evicted from the accounting: the store
 then errs on the side of fewer bytes than the cap, never more.
 
-Configured by environment: EDGEFIRE_REDIS_URL (default 127.0.0.1:6379), EDGEFIRE_KV_STORE_*.
+Configured by environment: EDGEFIRE_REDIS_URL (default 127.0.0.1:6379), EDGEFIRE_KV_STORE_*
+(the cap, TTL, timeout, key prefix and KV codec).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from redis.retry import Retry
 from edgefire.plugins.local_paged import create_local_paged_pool
 from edgefire.runtime.engine.kv_pool import KVPool
 from edgefire.runtime.engine.remote_kv.store import StoreUnavailable
-from edgefire.runtime.plugins import hookimpl
+from edgefire.runtime.plugins import hookimpl, load_plugins
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class RedisKVSettings(BaseSettings):
     kv_store_max_bytes: int = Field(1 << 30, gt=0)  # LRU eviction past this
     kv_store_ttl_s: int = Field(3600, gt=0)
     kv_store_timeout_s: float = Field(0.5, gt=0)
+    kv_store_codec: str = "identity"  # a KV codec plugin's name (plugins/kv_codecs.py)
 
 
 class RedisPageStore:
@@ -168,7 +170,9 @@ def create_redis_pool(num_blocks: int, block_size: int, cache_shape: tuple[int, 
                       dtype: torch.dtype, enable_prefix_caching: bool) -> KVPool:
     pool = create_local_paged_pool(num_blocks, block_size, cache_shape, dtype,
                                    enable_prefix_caching)
-    pool.store = RedisPageStore()
+    settings = RedisKVSettings()
+    pool.store = RedisPageStore(settings)
+    pool.codec = load_plugins().kv_codecs.get(settings.kv_store_codec)()
     return pool
 
 

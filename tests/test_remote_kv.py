@@ -11,11 +11,13 @@ import redis
 import torch
 
 from edgefire.models.llama import LlamaForCausalLM
+from edgefire.plugins.kv_codecs import BF16PlanesCodec
 from edgefire.plugins.local_paged import create_local_paged_pool
 from edgefire.plugins.redis_kv import RedisKVSettings, RedisPageStore
 from edgefire.runtime import EngineConfig, SamplingParams
 from edgefire.runtime.engine.kv_pool import KVPool
 from edgefire.runtime.engine.llm_engine import LLMEngine
+from edgefire.runtime.engine.remote_kv.codec import IDENTITY, KVCodec
 from edgefire.runtime.engine.remote_kv.page_format import (
     PageFormatError,
     PageLayout,
@@ -84,14 +86,16 @@ def test_an_unreachable_store_fails_fast_and_then_cools_down():
     assert store.ping() is False
 
 
-def _engine(tokenizer, prefix: str | None, namespace: str = "tiny") -> LLMEngine:
+def _engine(tokenizer, prefix: str | None, namespace: str = "tiny",
+            kv_dtype: torch.dtype | None = None, codec: KVCodec = IDENTITY) -> LLMEngine:
     def pool(*args) -> KVPool:
         pool = create_local_paged_pool(*args)
         if prefix is not None:
             pool.store = RedisPageStore(_settings(prefix))
+            pool.codec = codec
         return pool
 
-    model = LlamaForCausalLM(CONFIG, _weights(), (torch.float32,))
+    model = LlamaForCausalLM(CONFIG, _weights(), (torch.float32,), kv_dtype=kv_dtype)
     config = EngineConfig(max_model_len=CONFIG.max_position, block_size=4, kv_cache_bytes=1 << 22,
                           dtype="float32", kv_namespace=namespace)
     return LLMEngine(model, tokenizer, config, CONFIG.vocab_size, pool)
@@ -171,3 +175,34 @@ def test_an_unreachable_store_costs_only_the_reuse(tokenizer):
     assert engine.remote.flush(10)
     assert engine.remote.stats.num_pages_dropped > 0
     assert engine.remote.available is False
+
+
+def test_the_bf16_planes_codec_is_lossless_and_smaller():
+    codec = BF16PlanesCodec()
+    page = (torch.randn(LAYOUT.shape) * 0.5).to(torch.bfloat16)
+    raw = memoryview(page.view(torch.int16).numpy()).cast("B")
+    data = bytes(codec.encode(raw, LAYOUT))
+    assert len(data) < 0.85 * len(raw)
+    assert codec.decode(memoryview(data), LAYOUT) == bytearray(raw)
+    for bad in (data[:-5], b"\x05\x00\x00\x00garbage", b"\x01"):
+        with pytest.raises(ValueError):
+            codec.decode(memoryview(bad), LAYOUT)
+    f32 = dataclasses.replace(LAYOUT, dtype=torch.float32)
+    raw32 = memoryview(torch.randn(f32.shape).numpy()).cast("B")
+    assert codec.decode(memoryview(bytes(codec.encode(raw32, f32))), f32) == bytearray(raw32)
+
+
+def test_pages_through_a_codec_are_reused_and_another_codec_refuses_them(tokenizer,
+                                                                        redis_prefix):
+    bf16 = torch.bfloat16
+    reference, _ = _generate(_engine(tokenizer, None, kv_dtype=bf16), PROMPT)
+    first = _engine(tokenizer, redis_prefix, kv_dtype=bf16, codec=BF16PlanesCodec())
+    _generate(first, PROMPT)
+    assert first.remote.flush(10)
+    stats = first.remote.stats
+    assert stats.num_bytes_written < stats.num_pages_written * first.page_layout.num_bytes
+    second = _engine(tokenizer, redis_prefix, kv_dtype=bf16, codec=BF16PlanesCodec())
+    assert _generate(second, PROMPT) == (reference, 48)
+    plain = _engine(tokenizer, redis_prefix, kv_dtype=bf16)
+    assert _generate(plain, PROMPT) == (reference, 0)
+    assert plain.remote.stats.num_pages_rejected == 1

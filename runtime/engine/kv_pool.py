@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.remote_kv.codec import IDENTITY, KVCodec
 from edgefire.runtime.engine.remote_kv.store import PageStore
 
 
@@ -18,6 +19,7 @@ class KVPool:
     # A shared store behind the pool (the `redis` backend): the engine puts a remote tier
     # (runtime/engine/remote_kv/tier.py) between the two.
     store: PageStore | None = None
+    codec: KVCodec = IDENTITY  # how the store keeps a page's bytes
 
 
 class KVBackendFactory(Protocol):

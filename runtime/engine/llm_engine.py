@@ -93,7 +93,8 @@ class LLMEngine:
         self.page_layout = PageLayout.of_cache(pool.cache)
         self.remote: RemoteTier | None = None
         if pool.store is not None:
-            self.remote = RemoteTier(pool.store, self.page_layout, config.kv_namespace)
+            self.remote = RemoteTier(pool.store, self.page_layout, config.kv_namespace,
+                                     pool.codec)
             self.blocks.published = []
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)

@@ -12,8 +12,8 @@ from edgefire.runtime.plugins import hookspecs
 
 ENTRY_POINT_GROUP = "edgefire.node"
 DEFAULT_PLUGINS = tuple(f"edgefire.plugins.{name}" for name in (
-    "llama", "llama4", "deepseek_v3", "bert", "local_paged", "redis_kv", "identity_codec",
-    "unweight", "quant"))
+    "llama", "llama4", "deepseek_v3", "bert", "local_paged", "redis_kv", "kv_codecs",
+    "identity_codec", "unweight", "quant"))
 
 
 class NodePluginHost(PluginHost):
@@ -23,6 +23,7 @@ class NodePluginHost(PluginHost):
         super().__init__(hookspecs.ALL, defaults, ENTRY_POINT_GROUP)
         self.models = self.add_registry("model architecture", "edgefire_register_models")
         self.kv_backends = self.add_registry("KV backend", "edgefire_register_kv_backends")
+        self.kv_codecs = self.add_registry("KV codec", "edgefire_register_kv_codecs")
         self.parallel_strategies = self.add_registry(
             "parallel strategy", "edgefire_register_parallel_strategies")
         self.codecs = self.add_registry("codec", "edgefire_register_codecs")

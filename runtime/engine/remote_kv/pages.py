@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from edgefire.runtime.engine.block_manager import BlockManager
+from edgefire.runtime.engine.remote_kv.codec import IDENTITY, KVCodec
 from edgefire.runtime.engine.remote_kv.page_format import PageFormatError, PageLayout, pack, unpack
 
 log = logging.getLogger(__name__)
 
-CODEC = "identity"
 Page = tuple[bytes, bytearray]  # (chain hash, payload)
 
 
@@ -34,23 +34,26 @@ def page_bytes(page: np.ndarray) -> memoryview:
     return memoryview(page).cast("B")
 
 
-def accept(layout: PageLayout, hashes: list[bytes], records: list[bytes | None]
-           ) -> tuple[list[Page], int]:
-    """The leading records that are whole pages of `hashes` in order, and how many were
-    refused (0 or 1: a refused page ends the run, the rest is recomputed)."""
+def accept(layout: PageLayout, hashes: list[bytes], records: list[bytes | None],
+           codec: KVCodec = IDENTITY) -> tuple[list[Page], int]:
+    """The leading records that are whole pages of `hashes` in order, as `codec` wrote them,
+    and how many were refused (0 or 1: a refused page ends the run, the rest is
+    recomputed)."""
     pages: list[Page] = []
     for block_hash, record in zip(hashes, records, strict=False):
         if record is None:
             break
         try:
-            codec, payload = unpack(record, layout, block_hash)
-            if codec != CODEC:
-                raise PageFormatError(f"unknown KV codec {codec!r}")
-        except PageFormatError as exc:
+            name, payload = unpack(record, layout, block_hash)
+            if name != codec.name:
+                raise PageFormatError(f"written by KV codec {name!r}, this node reads "
+                                      f"{codec.name!r}")
+            page = codec.decode(payload, layout)
+        except (PageFormatError, ValueError) as exc:
             log.warning("KV page %s refused (%s); recomputing from there",
                         block_hash.hex()[:16], exc)
             return pages, 1
-        pages.append((block_hash, bytearray(payload)))
+        pages.append((block_hash, page))
     return pages, 0
 
 
@@ -81,7 +84,8 @@ def export(blocks: BlockManager, cache: torch.Tensor, layout: PageLayout,
     if not ids:
         return []
     pages = gather(cache, torch.tensor(ids))
-    return [pack(layout, h, page_bytes(pages[i]), CODEC) for i, h in enumerate(hashes[:len(ids)])]
+    return [pack(layout, h, page_bytes(pages[i]), IDENTITY.name)
+            for i, h in enumerate(hashes[:len(ids)])]
 
 
 def _as_page(payload: bytearray, layout: PageLayout) -> torch.Tensor:

@@ -26,9 +26,10 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from edgefire.runtime.engine.remote_kv.codec import IDENTITY, KVCodec
 from edgefire.runtime.engine.remote_kv.latency import LatencyHistogram
 from edgefire.runtime.engine.remote_kv.page_format import PageLayout, pack
-from edgefire.runtime.engine.remote_kv.pages import CODEC, Page, accept, gather, page_bytes
+from edgefire.runtime.engine.remote_kv.pages import Page, accept, gather, page_bytes
 from edgefire.runtime.engine.remote_kv.store import PageStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,12 @@ class _Batch:
 
 
 class RemoteTier:
-    def __init__(self, store: PageStore, layout: PageLayout, namespace: str) -> None:
+    def __init__(self, store: PageStore, layout: PageLayout, namespace: str,
+                 codec: KVCodec = IDENTITY) -> None:
         if not namespace:
             raise ValueError("a remote KV tier needs a namespace (model and weights digest)")
         self.store = store
+        self.codec = codec
         self.layout = layout
         self.namespace = namespace
         self.stats = TierStats()
@@ -111,7 +114,7 @@ class RemoteTier:
         return self._accept(wanted, records) if ok else []
 
     def _accept(self, hashes: list[bytes], records: list[bytes | None]) -> list[Page]:
-        pages, num_rejected = accept(self.layout, hashes, records)
+        pages, num_rejected = accept(self.layout, hashes, records, self.codec)
         with self._stats_lock:
             self.stats.num_pages_read += len(pages)
             self.stats.num_bytes_read += sum(len(r) for r in records[:len(pages)] if r)
@@ -153,7 +156,9 @@ class RemoteTier:
                     self._drained.notify_all()
 
     def _write(self, batch: _Batch) -> None:
-        items = [(self.key(h), pack(self.layout, h, page_bytes(batch.pages[i]), CODEC))
+        codec, layout = self.codec, self.layout
+        items = [(self.key(h), pack(layout, h, codec.encode(page_bytes(batch.pages[i]), layout),
+                                    codec.name))
                  for i, h in enumerate(batch.hashes)]
         ok, _ = self._call(self.store.put_many, items)
         if not ok:
