@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -43,7 +42,7 @@ from bench._common import (
     write_results,
 )
 from bench._common import ratio as ratio_of
-from bench.serve_peer import free_port, wait_healthy
+from bench.serve_peer import RequestTrace, free_port, record_stream, wait_healthy
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
 ROUTE = "/client/v4/accounts/bench/ai/run/" + MODEL
@@ -66,12 +65,8 @@ def parse_args() -> argparse.Namespace:
 
 
 @dataclass(slots=True)
-class Trace:
-    kind: str  # decode | long
-    sent: float
-    chunks: list[float] = field(default_factory=list)
-    completion_tokens: int = 0
-    ok: bool = False
+class Trace(RequestTrace):
+    kind: str = "decode"  # decode | long
 
 
 def start_node(port: int, role: str, cores: str | None, kv_backend: str = "local_paged",
@@ -113,19 +108,11 @@ def text(words: int, tag: str) -> str:
 
 async def send(client: httpx.AsyncClient, kind: str, prompt: str, max_tokens: int,
                headers: dict[str, str]) -> Trace:
-    trace = Trace(kind, time.perf_counter())
+    trace = Trace(sent=time.perf_counter(), kind=kind)
     body = {"prompt": prompt, "raw": True, "stream": True, "max_tokens": max_tokens,
             "temperature": 0}
     async with client.stream("POST", ROUTE, json=body, headers=headers) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("response"):
-                trace.chunks.append(time.perf_counter())
-            if "usage" in event:
-                trace.completion_tokens = event["usage"]["completion_tokens"]
-        trace.ok = response.status_code == 200
+        await record_stream(response, trace)
     return trace
 
 

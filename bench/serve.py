@@ -14,7 +14,6 @@ Run from the repository root: .venv/bin/python -m bench.serve [--clients 1,4,16]
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from bench.serve_peer import (
     drive,
     free_port,
     llama_server_bin,
+    record_stream,
     run_llama_server,
     wait_healthy,
 )
@@ -85,15 +85,7 @@ def make_workload(n: int, args: argparse.Namespace, rng: random.Random) -> list[
 async def one_request(client: httpx.AsyncClient, payload: dict) -> RequestTrace:
     trace = RequestTrace(sent=time.perf_counter())
     async with client.stream("POST", ROUTE, json=payload) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("response"):
-                trace.chunks.append(time.perf_counter())
-            if "usage" in event:
-                trace.completion_tokens = event["usage"]["completion_tokens"]
-        trace.ok = response.status_code == 200
+        await record_stream(response, trace)
     return trace
 
 

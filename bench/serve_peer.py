@@ -38,6 +38,19 @@ class RequestTrace:
 Send = Callable[[httpx.AsyncClient, dict], Awaitable[RequestTrace]]
 
 
+async def record_stream(response: httpx.Response, trace: RequestTrace) -> None:
+    """Read a Workers AI event stream into trace: each text event's arrival, the usage."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if event.get("response"):
+            trace.chunks.append(time.perf_counter())
+        if "usage" in event:
+            trace.completion_tokens = event["usage"]["completion_tokens"]
+    trace.ok = response.status_code == 200
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
