@@ -364,3 +364,14 @@ def test_a_decode_node_is_sent_requests_with_a_prefill_node_named(serve, tmp_pat
     [seen] = decode.seen
     assert seen.headers[PREFILL_NODE] == prefill_url and seen.headers[NODE_SECRET] == "s"
     assert prefill.seen == []  # prefill nodes take no requests of their own
+
+
+def test_a_prefill_node_of_another_credential_is_never_named():
+    directory = NodeDirectory()
+    report = {"lat": 50.1, "lon": 8.7, "memory_budget_bytes": 1 << 33, "accelerator_bytes": 0}
+    directory.heartbeat({"city": "fra", "url": "http://127.0.0.1:8701", "role": "decode",
+                         **report}, credential="node:fra")
+    directory.heartbeat({"city": "ams", "url": "http://127.0.0.1:8802", "role": "prefill",
+                         **report}, credential="node:ams")
+    [decode] = directory.candidates("@cf/m", 1, None)
+    assert directory.prefill_node("@cf/m", 1, decode) is None  # its secret would not open it

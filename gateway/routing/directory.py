@@ -173,8 +173,10 @@ class NodeDirectory:
                      may_host: Callable[[NodeState], bool] | None = None) -> NodeState | None:
         """The prefill node a decode node should hand model_id's prompts to: a healthy one
         that can hold it, of the decode node's city first, then the nearest, the least busy
-        of those; None when the fleet has none (the decode node then prefills itself)."""
+        of those; None when the fleet has none (the decode node then prefills itself). Only
+        nodes bound to the decode node's credential: it calls them with its own secret."""
         pool = [n for n in self.healthy() if n.role == "prefill" and n.status == "ok"
+                and n.credential == decode.credential
                 and n.can_hold(model_id, need_bytes) and (may_host is None or may_host(n))]
         return min(pool, default=None, key=lambda n: (
             n.city != decode.city, great_circle_km(decode.lat, decode.lon, n.lat, n.lon),
