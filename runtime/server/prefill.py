@@ -142,7 +142,8 @@ class PrefillHandoff:
         try:
             # On a worker thread, with a blocking client: tens of megabytes of pages to read
             # and check would otherwise hold the event loop that streams the other answers
-            # (measured: decode ITL p99 3x higher with an async client on a one-core node).
+            # (measured in bench/disagg.py --quick: decode ITL p99 2x higher with an async
+            # client on a one-core decode node).
             pages = await asyncio.to_thread(self._fetch, url, body, engine, hashes)
         except (httpx.HTTPError, ValueError) as exc:
             self.count(served, "fallback")
