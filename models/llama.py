@@ -169,10 +169,12 @@ class LlamaForCausalLM(PagedGQADecoder):
         return self._fused if self.fused_decode else None
 
     def make_resident(self, to_resident: Callable[[torch.Tensor], ResidentLinear],
-                      precision: str, embeddings: bool = False) -> None:
+                      precision: str,
+                      to_resident_embedding: Callable[[torch.Tensor], ResidentLinear] | None = None,
+                      ) -> None:
         """Replace every layer's projections with to_resident's form (a weight codec's packed
-        or quantized one); with `embeddings` (a lossless codec) the embedding table and
-        lm_head too, which must then offer `rows(ids, dtype)`. Norms stay dense. One resident
+        or quantized one); with `to_resident_embedding` the embedding table and lm_head too, in
+        that form, which must then offer `rows(ids, dtype)`. Norms stay dense. One resident
         object serves every compute dtype, built from the widest copy, and the dense copies
         are released."""
         widest = self.params[max(self.dtypes, key=lambda d: d.itemsize)]
@@ -181,9 +183,10 @@ class LlamaForCausalLM(PagedGQADecoder):
                 resident = to_resident(getattr(layer, name))
                 for w in self.params.values():
                     setattr(w.layers[i], name, resident)
-        if embeddings:
-            embed = to_resident(widest.embed)
-            lm_head = embed if self.config.tie_embeddings else to_resident(widest.lm_head)
+        if to_resident_embedding is not None:
+            embed = to_resident_embedding(widest.embed)
+            lm_head = (embed if self.config.tie_embeddings
+                       else to_resident_embedding(widest.lm_head))
             for w in self.params.values():
                 w.embed, w.lm_head = embed, lm_head
         self.weight_precision = precision

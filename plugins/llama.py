@@ -33,7 +33,7 @@ def load_llama_gguf(spec: ModelSpec, precision: Precision, codec: WeightCodec) -
     to_resident = getattr(codec, "to_resident", None)
     if to_resident is not None:  # the codec keeps its packed or quantized form resident
         model.make_resident(to_resident, codec.precision,
-                            embeddings=getattr(codec, "resident_embeddings", False))
+                            getattr(codec, "to_resident_embedding", None))
     max_len = min(config.max_position, spec.context_window)
     return LoadedLM(spec, model, entry.tokenizer, config.vocab_size, max_len)
 

@@ -5,6 +5,7 @@ take (prefill, large batches, deterministic row blocks) stay on the torch path."
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -108,17 +109,29 @@ def test_fused_step_reads_quantized_projections(kernel, form):
     if form == "int4" and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
     fused, cache, ids, positions, meta = _case(3, torch.bfloat16)
-    fused.make_resident(QUANTIZERS[form], form)
+    # As the quant codecs load it: the projections in the codec's bits, the tied embedding
+    # table (the lm_head) in INT8 rows.
+    fused.make_resident(QUANTIZERS[form], form, Int8Linear.quantize)
     assert fused._fused_step() is not None
+    assert len(weight_form(fused.params[torch.bfloat16].lm_head)) == 2  # read as INT8 rows
     # The reference multiplies by the dequantized weights, in float32.
+    weights = _weights()
     dequantized = {name: (_exact(form)(w).dequantize()
                           if name.rsplit(".", 1)[-1] in PROJECTIONS else w)
-                   for name, w in _weights().items()}
+                   for name, w in weights.items()}
+    dequantized["embed"] = Int8Linear.quantize(weights["embed"]).dequantize()
     ref, ref_cache, *_ = _case(3, torch.float32, dequantized)
     hidden = fused.forward(ids, positions, meta, cache, torch.bfloat16)
     expected = ref.forward(ids, positions, meta, ref_cache, torch.float32)
     torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
     torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.1, rtol=0.05)
+    torch.testing.assert_close(fused.compute_logits(hidden), ref.compute_logits(hidden.float()),
+                               atol=1e-4, rtol=1e-5)
+    # The torch path (prompt chunks) looks the same rows up.
+    fused.fused_decode = False
+    torch.testing.assert_close(fused.forward(ids, positions, meta, cache.clone(),
+                                             torch.bfloat16).float(),
+                               expected, atol=0.05, rtol=0.05)
 
 
 def test_plain_int4_without_torch_kernel_runs_through_torch(kernel):
@@ -135,8 +148,8 @@ def test_fused_step_reads_unweight_rows_as_dense(kernel):
     config = dataclasses.replace(CONFIG, intermediate_size=128)  # rows of 64 columns
     dense, dense_cache, ids, positions, meta = _case(5, torch.bfloat16, config=config)
     packed, packed_cache, *_ = _case(5, torch.bfloat16, config=config)
-    packed.make_resident(lambda w: UnweightLinear.from_weight(w, tune=False), "unweight",
-                         embeddings=True)
+    to_unweight = functools.partial(UnweightLinear.from_weight, tune=False)
+    packed.make_resident(to_unweight, "unweight", to_unweight)
     assert packed._fused_step() is not None
     qkv = packed.params[torch.bfloat16].layers[0].qkv
     assert type(weight_form(qkv)[0]).__name__ == "PyCapsule"  # read packed, not densely

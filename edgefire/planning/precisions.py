@@ -6,7 +6,8 @@ formulas that use them, each checked against a loaded model in tests/test_planni
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from edgefire.contract.errors import PlanningError
 
@@ -69,31 +70,32 @@ def kv_element_bytes(kv_dtype: str) -> float:
 
 @dataclass(slots=True, frozen=True)
 class Codec:
-    """A weight codec plugin as the planner sees it: the format it stores, which weights it
-    covers, and (for a lossless one) the only format it can take in."""
+    """A weight codec plugin as the planner sees it: the format it stores each kind of weight
+    group in ("projections", "embeddings"; a kind it does not name stays as it is), and (for a
+    lossless one) the only format it can take in."""
 
     name: str
-    stores: str | None  # a PRECISIONS name; None keeps every weight as it is
-    covers: frozenset[str] = frozenset()  # "projections", "embeddings"
+    stores: Mapping[str, str] = field(default_factory=dict)  # kind -> a PRECISIONS name
     takes: str | None = None  # lossless codecs re-encode one format (Unweight: bf16)
 
     def apply(self, kind: str, current: Precision) -> Precision:
         """The format a weight group of `kind` ends up in. A codec never makes a weight
         larger: Kimi's INT4 experts stay INT4 under `int8`."""
-        if self.stores is None or kind not in self.covers:
+        stored = self.stores.get(kind)
+        if stored is None or (self.takes is not None and current.name != self.takes):
             return current
-        if self.takes is not None and current.name != self.takes:
-            return current
-        target = PRECISIONS[self.stores]
+        target = PRECISIONS[stored]
         return target if target.bits < current.bits else current
 
 
 CODECS: dict[str, Codec] = {c.name: c for c in (
-    Codec("identity", None),
-    Codec("int8", "int8", frozenset({"projections"})),
-    Codec("int4", "int4-g32", frozenset({"projections"})),
+    Codec("identity"),
+    # plugins/quant: the projections in the codec's bits, the embedding table (and a tied
+    # lm_head) in INT8 rows under both.
+    Codec("int8", {"projections": "int8", "embeddings": "int8"}),
+    Codec("int4", {"projections": "int4-g32", "embeddings": "int8"}),
     # plugins/unweight holds the embedding table (and a tied lm_head) compressed too.
-    Codec("unweight", "unweight", frozenset({"projections", "embeddings"}), takes="bf16"),
+    Codec("unweight", {"projections": "unweight", "embeddings": "unweight"}, takes="bf16"),
 )}
 
 

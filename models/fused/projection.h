@@ -122,9 +122,16 @@ struct Proj {
 
   // Row `row` of the weight (an embedding), in natural column order, widened to float32.
   void row(int64_t index, float* out) const {
-    if (decoder == nullptr) {
+    if (decoder == nullptr && !scales.defined()) {
       const bf16* table = w.data_ptr<bf16>() + index * w.size(1);
       for (int64_t c = 0; c < w.size(1); ++c) out[c] = static_cast<float>(table[c]);
+      return;
+    }
+    if (decoder == nullptr) {
+      TORCH_CHECK(group == 0, "an embedding table: BF16, INT8 rows or a row decoder");
+      const int8_t* table = w.data_ptr<int8_t>() + index * w.size(1);
+      const float scale = static_cast<float>(scales.data_ptr<bf16>()[index]);
+      for (int64_t c = 0; c < w.size(1); ++c) out[c] = static_cast<float>(table[c]) * scale;
       return;
     }
     const int64_t k = decoder->cols;

@@ -13,9 +13,15 @@ is the resident form. Beyond the WeightCodec contract they offer:
 - `to_resident(tensor)`: a projection weight's packed form, whose `linear(x)` the model calls
   instead of `F.linear(x, W)` (see edgefire.models.llama.ResidentLinear).
 
-The loader applies them with `model.make_resident(codec.to_resident, codec.precision)` when the
-codec has `to_resident`. Only the layers' qkv/o/gate_up/down projections are quantized:
-embeddings, the tied lm_head and the norms stay in the compute dtype.
+- `to_resident_embedding(tensor)`: the embedding table's (and a tied lm_head's) form, INT8 per
+  row under both codecs, as llama.cpp's Q4_1 GGUF of SmolLM2 keeps its token_embd in Q8_0.
+
+The loader applies them with `model.make_resident(codec.to_resident, codec.precision,
+codec.to_resident_embedding)`. The layers' qkv/o/gate_up/down projections take the codec's
+bits; the embedding table takes INT8, because at one token the tied lm_head is the largest
+single read of a step (49152 x 576: 56 MB in BF16, a third of an INT8 step's bytes and almost
+half of an INT4 one's) and 8 bits per row lose little there (bench/results/quant.md). The
+norms stay in the compute dtype.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ class QuantCodec:
         if self.bits == 8:
             return Int8Linear.quantize(tensor)
         return Int4Linear.quantize(tensor, self.group_size)
+
+    def to_resident_embedding(self, tensor: torch.Tensor) -> Int8Linear:
+        return Int8Linear.quantize(tensor)
 
 
 CODECS = {

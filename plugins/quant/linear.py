@@ -58,6 +58,19 @@ class Int8Linear:
     def dequantize(self) -> torch.Tensor:
         return self.weight.float() * self.scales.float()[:, None]
 
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows `ids` of the dequantized weight (all of them when ids is empty), as an
+        embedding lookup: the table a tied lm_head shares."""
+        if ids.numel() == 0:
+            return self.dequantize().to(dtype)
+        flat = ids.reshape(-1).long()
+        rows = self.weight[flat].float() * self.scales[flat].float()[:, None]
+        return rows.to(dtype).view(*ids.shape, -1)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
     def int8_per_channel(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight, scales) for kernels that read INT8 rows themselves (models/fused)."""
         return self.weight, self.scales

@@ -41,7 +41,6 @@ class UnweightCodec:
 
     name = "unweight"
     precision = "bfloat16-unweight"
-    resident_embeddings = True
 
     def encode(self, tensor: torch.Tensor) -> Distribution | Passthrough:
         return encode(tensor)
@@ -51,6 +50,9 @@ class UnweightCodec:
 
     def to_resident(self, tensor: torch.Tensor) -> UnweightLinear:
         return UnweightLinear.from_weight(tensor)
+
+    # Lossless, so the embedding table (and a tied lm_head) is held in the same form.
+    to_resident_embedding = to_resident
 
     def to_bytes(self, encoded: Distribution | Passthrough) -> bytes | None:
         """The distribution form as bundle bytes; None for a tensor kept as it is."""
