@@ -68,6 +68,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-hf-above", type=int, default=None, metavar="N",
                    help="skip the HF peer for concurrency above N")
+    p.add_argument("--quantized", default="int8,int4",
+                   help="the model's quantized catalog variants (id suffixes) timed single "
+                        "stream in the same run; empty: none")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--llama-bin", default=None, help="folder with llama-batched-bench/-bench")
     p.add_argument("--build-llama", action="store_true",
@@ -81,6 +84,7 @@ def parse_args() -> argparse.Namespace:
     args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 128)
     args.llama_reps = args.llama_reps or (1 if args.quick else 3)
     args.llama_variants = [v.strip() for v in args.llama_variants.split(",") if v.strip()]
+    args.quantized = [v.strip() for v in args.quantized.split(",") if v.strip()]
     return args
 
 
@@ -155,17 +159,41 @@ def run_edgefire(llm: LLM, workloads: dict[int, list[list[int]]], max_new: int,
             f"tok/s, TTFT {row['ttft_ms']} ms, ITL {row['itl_ms']} ms, "
             f"drafts {row['speculative']}")
     if "1" in per_c and llm.engine.speculator.config.mode != "off":
-        # The same single stream without drafts: plain decode speed, and what drafts add.
-        llm.engine.speculator.config.mode = "off"
-        try:
-            plain = drive(llm, workloads[1], max_new, "run-c1-plain")
-        finally:
-            llm.engine.speculator.config.mode = "ngram"
-        row = summarize(plain, plain, workloads[1], 0)
-        per_c["1"]["without_speculation"] = {
-            key: row[key] for key in ("output_tok_s", "per_request_decode_tok_s", "itl_ms")}
+        per_c["1"]["without_speculation"] = without_drafts(llm, workloads[1], max_new)
         log(f"edgefire C=1 without drafts: {per_c['1']['without_speculation']}")
     return per_c
+
+
+def without_drafts(llm: LLM, prompts: list[list[int]], max_new: int) -> dict:
+    """The same stream with speculative drafts off: plain decode speed, and what drafts add."""
+    mode = llm.engine.speculator.config.mode
+    llm.engine.speculator.config.mode = "off"
+    try:
+        plain = drive(llm, prompts, max_new, "plain")
+    finally:
+        llm.engine.speculator.config.mode = mode
+    row = summarize(plain, plain, prompts, 0)
+    return {key: row[key] for key in ("output_tok_s", "per_request_decode_tok_s", "itl_ms")}
+
+
+def run_quantized(model_id: str, suffixes: list[str], config: EngineConfig,
+                  prompts: list[list[int]], max_new: int, seed: int) -> dict[str, dict]:
+    """Single-stream decode of each quantized variant (the catalog's `<model>-<suffix>`), with
+    the default drafts and without, over the C=1 workload."""
+    out = {}
+    for suffix in suffixes:
+        llm = LLM(f"{model_id}-{suffix}", engine_config=config)
+        drive(llm, make_prompts(_encoder(llm), [64, 200], seed + 2, "warmup"), 4, "warmup")
+        trace = drive(llm, prompts, max_new, f"{suffix}-c1")
+        row = summarize(trace, trace, prompts, 0)
+        out[suffix] = {"weight_precision": llm.model.weight_precision,
+                       "weight_bytes": llm.model.weight_bytes,
+                       "per_request_decode_tok_s": row["per_request_decode_tok_s"],
+                       "without_speculation": without_drafts(llm, prompts, max_new)}
+        log(f"edgefire {suffix} C=1: {out[suffix]}")
+        del llm
+        gc.collect()
+    return out
 
 
 def _encoder(llm: LLM) -> Callable[[str], list[int]]:
@@ -228,6 +256,9 @@ def main() -> None:
     log(f"KV bytes per token: {kv}")
     del llm
     gc.collect()
+    if 1 in workloads and spec.id == MODEL:
+        edgefire["quantized"] = run_quantized(spec.id, args.quantized, config, workloads[1],
+                                              args.max_new_tokens, args.seed)
     result = {
         "bench": "engine", "model": spec.id, "gguf": str(gguf) if gguf else None,
         "miniature": spec.miniature, "kv_bytes_per_token": kv, "quick": args.quick,

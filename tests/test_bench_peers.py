@@ -138,6 +138,8 @@ def test_ratios_are_against_the_best_variant_and_name_it() -> None:
                                                "llama_cpp_variant": "bf16"}
     assert targets["batch_decode_vs_llama_cpp"]["llama_cpp_variant"] == "q4_1"
     assert targets["single_decode_vs_llama_cpp"]["met"] is True
+    # No quantized run: their targets stay, without a ratio.
+    assert targets["single_decode_int8_vs_llama_cpp"]["ratio"] is None
 
 
 def test_llama_server_gets_the_nodes_prompt_and_token_count() -> None:
@@ -167,3 +169,16 @@ def test_bf16_reference_rounds_to_nearest_even() -> None:
     # The check's reference is torch's rounding; pin it, since the check relies on it.
     x = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8], dtype=torch.float32)
     assert x.to(torch.bfloat16).float().tolist() == [1.0, 1.0 + 2**-6]
+
+
+def test_quantized_single_streams_are_against_the_same_best_figure() -> None:
+    ef = {"1": {"per_request_decode_tok_s": 90.0}}
+    quantized = {"int4": {"per_request_decode_tok_s": 120.0,
+                          "without_speculation": {"per_request_decode_tok_s": 105.0}}}
+    result = {"edgefire": {"per_concurrency": ef, "quantized": quantized},
+              "hf": {"available": False}, "llama_cpp": _llama()}
+    ratios, targets = compute_ratios(result, 32)
+    assert ratios["single_decode_int4_vs_llama_cpp"] == 1.6  # 120 / q8_0's 75
+    assert ratios["single_decode_int4_no_drafts_vs_llama_cpp"] == 1.4
+    assert targets["single_decode_int4_vs_llama_cpp"] == {
+        "target": 1.5, "ratio": 1.6, "met": True, "llama_cpp_variant": "q8_0"}
