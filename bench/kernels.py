@@ -70,9 +70,11 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
     for name, (n, k) in SHAPES.items():
         out[name] = {"shape": [n, k], "forms": {}}
         for form, (tensors, peer) in _forms(torch.randn(n, k) * 0.05).items():
-            nbytes = sum(x.nbytes for x in tensors)
+            # an INT4 form also names its packing's rows per block (an int)
+            nbytes = sum(x.nbytes for x in tensors if isinstance(x, torch.Tensor))
             copies = -(-STREAM_BYTES // nbytes)
-            native_copies = [[x.clone() for x in tensors] for _ in range(copies)]
+            native_copies = [[x.clone() if isinstance(x, torch.Tensor) else x for x in tensors]
+                             for _ in range(copies)]
             # torch's form is the same weight: its bytes stream the same way when cycled
             # ("torch GB/s" counts the fused form's bytes, so the columns compare times)
             per_rows = {}

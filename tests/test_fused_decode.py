@@ -179,6 +179,17 @@ def test_linear_matches_a_float_matmul(kernel):
                                    atol=1e-4, rtol=1e-5)
 
 
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel):
+    # One or two rows walk the weight's rows in turn, more go side by side (gemv.h): each row
+    # is summed in the same order either way, bit for bit (speculative decoding relies on it).
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 192, generator=g).bfloat16()
+    x = torch.randn(9, 192, generator=g).bfloat16()
+    together = kernel.linear(x, [w])
+    for rows in (1, 2, 3, 4):
+        assert torch.equal(kernel.linear(x[:rows].contiguous(), [w]), together[:rows])
+
+
 @pytest.mark.parametrize("form", ["int8", "int4"])
 def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
     if form == "int4" and not HAS_INT4_KERNEL:

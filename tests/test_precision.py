@@ -46,6 +46,6 @@ def test_named_dtypes_ignore_the_cpu(cpu):
 
 
 def test_avx2_limit_is_the_fused_steps_rows():
-    from edgefire.models.fused import MAX_ROWS_BY_ISA
+    from edgefire.models.fused.llama_decode import max_rows
 
-    assert MAX_ROWS_BY_ISA["avx2"] == AVX2_BFLOAT16_MAX_TOKENS
+    assert max_rows("avx2") == AVX2_BFLOAT16_MAX_TOKENS

@@ -8,17 +8,26 @@ from pathlib import Path
 
 
 @functools.cache
+def _flags() -> frozenset[str]:
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return frozenset()
+
+
 def cpu_class() -> str:
     """native_bfloat16, avx512, avx2 or other, from the CPU's flags."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return "other"
+    flags = _flags()
     if flags & {"avx512_bf16", "amx_bf16"}:
         return "native_bfloat16"
     if "avx512f" in flags:
         return "avx512"
     return "avx2" if {"avx2", "fma"} <= flags else "other"
+
+
+def has_amx() -> bool:
+    """Whether the CPU has AMX BF16 tiles, which torch's BF16 GEMM (oneDNN) runs on."""
+    return "amx_bf16" in _flags()
 
 
 def auto_dense_formats() -> tuple[str, ...]:

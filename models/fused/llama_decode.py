@@ -1,14 +1,14 @@
 """The fused Llama decode step over a model's own weights, and when a step may take it.
 
 A step takes it when every token in it is a decode (one new token per sequence, no prompt
-chunk), it has at most max_rows of them (per ISA), it computes in BF16 over a BF16 KV cache, and no
-batch-invariant row blocks are asked for (deterministic mode keeps torch's fixed blocks).
-Anything else (prefill, larger batches) runs the torch path, as do models whose projections
-are in a form the step cannot read. It reads the tensors the model holds, no copies: BF16
-tensors, and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in], BF16
-scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its BF16 scales_zeros
-[groups, out, 2] and the packing's rows per block (or None), or `row_decoder()` -> a PyCapsule
-of the codec's own row decoder (row_decoder.h), or None.
+chunk), it has at most max_rows of them (max_rows() says why), it computes in BF16 over a
+BF16 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps
+torch's fixed blocks). Anything else (prefill, larger batches) runs the torch path, as do
+models whose projections are in a form the step cannot read. It reads the tensors the model
+holds, no copies: BF16 tensors, and resident forms that offer `int8_per_channel()` -> (INT8
+weight [out, in], BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
+BF16 scales_zeros [groups, out, 2] and the packing's rows per block (or None), or
+`row_decoder()` -> a PyCapsule of the codec's own row decoder (row_decoder.h), or None.
 """
 
 from __future__ import annotations
@@ -18,21 +18,30 @@ from typing import Any
 
 import torch
 
+from edgefire.contract.cpu import has_amx
 from edgefire.models.attention import AttentionMetadata
 from edgefire.models.native import native_kernel
 from edgefire.models.rotary import RotaryEmbedding
 
 fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name("llama_decode.cpp"))
 
-# The most decode rows the fused step takes, by the kernel's ISA (default MAX_ROWS). The whole
-# step fused against through torch, SmolLM2, two threads (ms a step): with AVX512-BF16 (torch
-# in BF16 on AMX) 8 rows 22.9 vs 35.9, 12 rows 31.6 vs 39.0, 16 rows 41.2 vs 42.7, 24 rows
-# 55.0 vs 50.2: past a few rows the dot-product matmuls are compute-bound (bench/kernels.py)
-# while oneDNN's GEMM is not, and the host time saved no longer covers it. On AVX2 (torch in
-# float32, its fast dtype there) the fused step wins at every decode size the engine makes:
-# 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (AMD EPYC, Zen 3).
+# The most decode rows the fused step takes. Past a few rows its dot-product matmuls are
+# compute-bound (bench/kernels.py), so it gives way where torch's GEMM is much faster: BF16 on
+# AMX tiles (oneDNN). The whole step fused against through torch, SmolLM2, two threads (ms a
+# step): with AVX512-BF16 and AMX, 8 rows 22.9 vs 35.9, 12 rows 31.6 vs 39.0, 16 rows 41.2 vs
+# 42.7, 24 rows 55.0 vs 50.2: MAX_ROWS. Without AMX the fused step wins at every decode size the
+# engine makes (MAX_ROWS_WITHOUT_AMX): with AVX512-BF16 (AMD EPYC, Zen 4; torch in BF16) 16
+# rows 32.5 vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs 157.2; on AVX2 (torch in float32,
+# its fast dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (Zen 3).
 MAX_ROWS = 12
-MAX_ROWS_BY_ISA = {"avx2": 64}
+MAX_ROWS_WITHOUT_AMX = 64
+
+
+def max_rows(isa: str) -> int:
+    """The fused step's row limit for a kernel built for `isa` on this CPU."""
+    if isa == "avx2" or (isa == "avx512bf16" and not has_amx()):
+        return MAX_ROWS_WITHOUT_AMX
+    return MAX_ROWS
 
 
 class FusedLlamaDecode:
@@ -45,7 +54,7 @@ class FusedLlamaDecode:
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
         self.kernel = kernel
-        self.max_rows = MAX_ROWS_BY_ISA.get(kernel.isa, MAX_ROWS)
+        self.max_rows = max_rows(kernel.isa)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
         self.step = kernel.LlamaDecode(
