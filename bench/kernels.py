@@ -188,7 +188,8 @@ def main() -> None:
     # Drafts off: each step here is exactly `rows` decode rows (bench/engine.py measures them on).
     # "auto" holds BF16 (the fused step's) and, where its batched steps use it, float32 too.
     llm = LLM(MODEL, engine_config=EngineConfig(dtype="auto", speculative="off"))
-    steps = step_times(llm, [1, 4] if args.quick else [1, 4, 8, 16, 32], 16 if args.quick else 64)
+    rows = [1, 4] if args.quick else [1, 4, 8, 16, 32, 64]
+    steps = step_times(llm, rows, 16 if args.quick else 64)
     result = {"bench": "kernels", "machine": machine_info(), "roofline": roofline,
               "model": MODEL, "weight_bytes": llm.model.weight_bytes, "shapes": shapes,
               "steps": steps}

@@ -13,7 +13,12 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from edgefire.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from edgefire.models.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    TorchPagedAttention,
+    split_decodes,
+)
 from edgefire.models.fused import FusedLlamaDecode
 from edgefire.models.precision import dense_precision, per_dtype, storage_bytes
 from edgefire.models.rotary import RotaryEmbedding
@@ -208,12 +213,28 @@ class LlamaForCausalLM(PagedGQADecoder):
         """Hidden states [num_tokens, hidden] after the final norm, in `dtype`; with row_block,
         every projection runs in blocks of that many rows (batch-invariant, deterministic mode).
         """
-        c = self.config
         dtype = dtype or self.dtypes[0]
         fused = self._fused_step()
-        if fused is not None and fused.takes(input_ids.shape[0], meta, kv_cache, dtype,
-                                             row_block):
-            return fused.forward(input_ids, positions, meta, kv_cache)
+        if fused is not None:
+            if fused.takes(input_ids.shape[0], meta, kv_cache, dtype, row_block):
+                return fused.forward(input_ids, positions, meta, kv_cache)
+            n = meta.num_decode_tokens
+            if n and meta.prefills:
+                decodes, prompts = split_decodes(meta)
+                if fused.takes(n, decodes, kv_cache, dtype, row_block):
+                    # A step that adds prompt chunks to the decodes: the decodes still take
+                    # the fused step (their rows are computed as in any other step), the
+                    # chunks torch's GEMM. Serving at 16 clients, most steps are such.
+                    head = fused.forward(input_ids[:n], positions[:n], decodes, kv_cache)
+                    tail = self._forward_torch(input_ids[n:], positions[n:], prompts, kv_cache,
+                                               dtype, row_block)
+                    return torch.cat([head, tail])
+        return self._forward_torch(input_ids, positions, meta, kv_cache, dtype, row_block)
+
+    def _forward_torch(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       meta: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype,
+                       row_block: int | None) -> torch.Tensor:
+        c = self.config
         w = self.params[dtype]
         eps = c.rms_norm_eps
         h = (F.embedding(input_ids, w.embed) if isinstance(w.embed, torch.Tensor)

@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from edgefire.models.attention import AttentionMetadata
+from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.models.fused import MAX_ROWS, fused_kernels, weight_form
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
@@ -159,6 +159,35 @@ def test_fused_step_reads_unweight_rows_as_dense(kernel):
     torch.testing.assert_close(packed_cache, dense_cache, atol=0.02, rtol=0.01)
     torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden),
                                atol=1e-4, rtol=1e-5)
+
+
+def _with_prompt(meta: AttentionMetadata, ids, positions, prompt_len: int):
+    """The decode step `meta` plus one new sequence's whole prompt (blocks 150 on) after it."""
+    n = meta.num_decode_tokens
+    blocks = -(-prompt_len // BLOCK)
+    table = torch.arange(150, 150 + blocks)
+    slots = torch.tensor([int(table[t // BLOCK]) * BLOCK + t % BLOCK for t in range(prompt_len)])
+    span = PrefillSpan(n, prompt_len, prompt_len, table, None)
+    mixed = AttentionMetadata(torch.cat([meta.slot_mapping, slots]), n, meta.decode_block_tables,
+                              meta.decode_context_lens, meta.decode_mask, [span])
+    prompt_ids = torch.randint(0, CONFIG.vocab_size, (prompt_len,),
+                               generator=torch.Generator().manual_seed(5))
+    return mixed, torch.cat([ids, prompt_ids]), torch.cat([positions, torch.arange(prompt_len)])
+
+
+def test_decodes_beside_a_prompt_chunk_still_take_the_fused_step(kernel):
+    model, cache, ids, positions, meta = _case(3, torch.bfloat16)
+    mixed, mixed_ids, mixed_positions = _with_prompt(meta, ids, positions, 6)
+    alone_cache, torch_cache = cache.clone(), cache.clone()
+    hidden = model.forward(mixed_ids, mixed_positions, mixed, cache, torch.bfloat16)
+    # The decode rows are those of the same decodes stepped alone, bit for bit.
+    alone = model.forward(ids, positions, meta, alone_cache, torch.bfloat16)
+    assert torch.equal(hidden[:3], alone)
+    # The whole step against the torch path's: BF16 rounding apart, the same.
+    model.fused_decode = False
+    expected = model.forward(mixed_ids, mixed_positions, mixed, torch_cache, torch.bfloat16)
+    torch.testing.assert_close(hidden.float(), expected.float(), atol=0.05, rtol=0.05)
+    torch.testing.assert_close(cache.float(), torch_cache.float(), atol=0.1, rtol=0.05)
 
 
 def test_fused_step_writes_only_the_new_tokens_slots(kernel):

@@ -1,7 +1,8 @@
 """Paged attention: per-step metadata and the backends that read K/V through block tables."""
 
 from edgefire.models.attention.backend import AttentionBackend
-from edgefire.models.attention.metadata import AttentionMetadata, PrefillSpan
+from edgefire.models.attention.metadata import AttentionMetadata, PrefillSpan, split_decodes
 from edgefire.models.attention.torch_paged import TorchPagedAttention
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "PrefillSpan", "TorchPagedAttention"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "PrefillSpan", "TorchPagedAttention",
+           "split_decodes"]

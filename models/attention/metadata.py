@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -33,3 +34,16 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor  # [num_decodes] int64, the new token included
     decode_mask: torch.Tensor  # [1, num_decodes, 1, max_blocks * block_size] bool
     prefills: list[PrefillSpan]
+
+
+def split_decodes(meta: AttentionMetadata) -> tuple[AttentionMetadata, AttentionMetadata]:
+    """A step's decodes (its first num_decode_tokens rows) and its prompt chunks (the rest) as
+    the metadata of two steps, for a model that computes them apart."""
+    n = meta.num_decode_tokens
+    decodes = AttentionMetadata(meta.slot_mapping[:n], n, meta.decode_block_tables,
+                                meta.decode_context_lens, meta.decode_mask, [])
+    prompts = AttentionMetadata(
+        meta.slot_mapping[n:], 0, meta.decode_block_tables[:0], meta.decode_context_lens[:0],
+        meta.decode_mask[:, :0],
+        [dataclasses.replace(span, token_start=span.token_start - n) for span in meta.prefills])
+    return decodes, prompts
