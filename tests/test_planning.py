@@ -106,7 +106,10 @@ def test_precisions_count_their_overheads():
 def test_codecs_cover_what_the_catalog_says_and_never_grow_a_weight():
     bf16, fp32, int4 = (PRECISIONS[n] for n in ("bf16", "fp32", "int4-g32-sym"))
     assert codec("int8").apply("projections", bf16).name == "int8"
-    assert codec("int8").apply("embeddings", bf16) is bf16
+    # both quant codecs hold the embedding table (and a tied lm_head) in INT8 rows
+    assert codec("int8").apply("embeddings", bf16).name == "int8"
+    assert codec("int4").apply("embeddings", bf16).name == "int8"
+    assert codec("identity").apply("embeddings", bf16) is bf16
     assert codec("int8").apply("projections", int4) is int4  # Kimi's experts stay INT4
     assert codec("unweight").apply("embeddings", bf16).name == "unweight"
     assert codec("unweight").apply("projections", fp32) is fp32  # lossless: BF16 only
