@@ -51,6 +51,21 @@ inline void vload_bf16_pairs(const uint16_t* p, vf& first, vf& second) {
   first = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
   second = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
+// kWidth floats rounded to BF16 (to nearest, ties to even; NaN stays NaN) as c10::BFloat16
+// rounds one: the bias 0x7FFF plus the kept part's lowest bit, then the top half.
+inline void vstore_bf16(uint16_t* p, vf v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+inline vf vabs(vf v) { return _mm512_abs_ps(v); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+// where x < 0, a; elsewhere b
+inline vf vwhere_negative(vf x, vf a, vf b) {
+  return _mm512_mask_mov_ps(b, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), a);
+}
 #else
 using vf = __m256;
 constexpr int64_t kWidth = 8;
@@ -99,6 +114,20 @@ inline void vload_bf16_pairs(const uint16_t* p, vf& first, vf& second) {
   first = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
   second = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
+inline void vstore_bf16(uint16_t* p, vf v) {  // as the AVX-512 one
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  // 32-bit lanes to 16-bit words: packed within each 128-bit half, then the halves joined
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(words));
+}
+inline vf vabs(vf v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vwhere_negative(vf x, vf a, vf b) {
+  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
 #endif
 
 // The sums of four vectors' lanes, as four floats: one horizontal-add tree for all four
@@ -130,6 +159,13 @@ inline vf vexp_shifted(vf x, vf shift) {
   p = vfmadd(p, f, vset1(0.69314718f));
   p = vfmadd(p, f, vset1(1.f));
   return vscale2(p, k);
+}
+
+// 1 / (1 + e^-x) without overflow: e = e^-|x| <= 1, and for x < 0 the sigmoid is e / (1 + e).
+inline vf vsigmoid(vf x) {
+  const vf e = vexp_shifted(vsub(vzero(), vabs(x)), vzero());
+  const vf s = vdiv(vset1(1.f), vadd(vset1(1.f), e));
+  return vwhere_negative(x, vmul(e, s), s);
 }
 
 }  // namespace edgefire::simd

@@ -219,6 +219,21 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel):
         assert torch.equal(kernel.linear(x[:rows].contiguous(), [w]), together[:rows])
 
 
+def test_the_steps_bf16_rounding_is_torchs_bit_for_bit(kernel):
+    # Ties to even, both signs, subnormals, infinities and NaN; then many random magnitudes.
+    special = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -130, -2 ** -140,
+                            float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 3.4e38,
+                            -3.4e38, 1e-45, 65504.0, 1 + 2 ** -9, 1 - 2 ** -10])
+    g = torch.Generator().manual_seed(4)
+    x = torch.cat([special, torch.randn(4096, generator=g) * 10 ** torch.randint(
+        -30, 30, (4096,), generator=g).float()])
+    rounded = kernel.round_bf16(x)
+    expected = x.bfloat16()
+    nan = expected.isnan()
+    assert torch.equal(rounded.isnan(), nan)
+    assert torch.equal(rounded[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+
+
 @pytest.mark.parametrize("form", ["int8", "int4"])
 def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
     if form == "int4" and not HAS_INT4_KERNEL:

@@ -15,25 +15,19 @@
 #include <vector>
 
 #include "../attention/paged_decode.h"
+#include "elementwise.h"
 #include "projection.h"
 
 namespace {
 
+using edgefire::fused::add_to;
 using edgefire::fused::bf16;
 using edgefire::fused::form_rows;
 using edgefire::fused::Proj;
 using edgefire::fused::projections;
-
-// out = bf16(x / rms(x) * weight), per row.
-void rms_norm(const float* x, const bf16* weight, int64_t rows, int64_t n, float eps, bf16* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    double sq = 0.0;
-    for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
-    const float inv = 1.f / std::sqrt(static_cast<float>(sq / n) + eps);
-    for (int64_t i = 0; i < n; ++i) out[r * n + i] = bf16(xr[i] * inv * static_cast<float>(weight[i]));
-  }
-}
+using edgefire::fused::rms_norm;
+using edgefire::fused::silu_mul;
+using edgefire::fused::to_bf16;
 
 // Rotate-half rotary embedding of one head in place (HF Llama's layout).
 void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
@@ -113,9 +107,6 @@ class LlamaDecode {
     std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
     std::vector<float> xf(x.size()), xsum(x.size());
     for (int64_t r = 0; r < m; ++r) embed_.row(id[r], h.data() + r * h_size);
-    auto add_residual = [&] {
-      for (int64_t i = 0; i < m * h_size; ++i) h[i] += proj[i];
-    };
     bf16* cache = kv_cache.data_ptr<bf16>();
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
 
@@ -124,38 +115,31 @@ class LlamaDecode {
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
       rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
       qkv_[l].apply(x, m, xf, xsum, proj.data());
-      for (int64_t r = 0; r < m; ++r) {
-        float* row = proj.data() + r * qkv_size;
-        const float* c = cos_.data_ptr<float>() + pos[r] * hd;
-        const float* s = sin_.data_ptr<float>() + pos[r] * hd;
-        for (int64_t head = 0; head < heads_ + kv_heads_; ++head) rotate(row + head * hd, c, s, hd);
-        std::copy(row, row + q_size, q.data() + r * q_size);
-        for (int64_t head = 0; head < kv_heads_; ++head) {
-          bf16* kd = k_cache + head * head_stride + slot[r] * hd;
-          bf16* vd = v_cache + head * head_stride + slot[r] * hd;
-          const float* ks = row + q_size + head * hd;
-          const float* vs = row + q_size + kv_size + head * hd;
-          for (int64_t i = 0; i < hd; ++i) {
-            kd[i] = bf16(ks[i]);
-            vd[i] = bf16(vs[i]);
+      at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          float* row = proj.data() + r * qkv_size;
+          const float* c = cos_.data_ptr<float>() + pos[r] * hd;
+          const float* s = sin_.data_ptr<float>() + pos[r] * hd;
+          for (int64_t head = 0; head < heads_ + kv_heads_; ++head) rotate(row + head * hd, c, s, hd);
+          std::copy(row, row + q_size, q.data() + r * q_size);
+          for (int64_t head = 0; head < kv_heads_; ++head) {
+            to_bf16(row + q_size + head * hd, hd, k_cache + head * head_stride + slot[r] * hd);
+            to_bf16(row + q_size + kv_size + head * hd, hd,
+                    v_cache + head * head_stride + slot[r] * hd);
           }
         }
-      }
+      });
       edgefire::attention::decode_kernel(
           q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
           attn.data(), m, heads_, kv_heads_, blocks, block_size, hd, tables.size(1), scale);
-      for (int64_t i = 0; i < m * q_size; ++i) x[i] = bf16(attn[i]);
+      to_bf16(attn.data(), m * q_size, x.data());
       o_[l].apply(x, m, xf, xsum, proj.data());
-      add_residual();
+      add_to(h.data(), proj.data(), m * h_size);
       rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
       gate_up_[l].apply(x, m, xf, xsum, proj.data());
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t i = 0; i < inter_; ++i) {
-          const float g = proj[r * 2 * inter_ + i], u = proj[r * 2 * inter_ + inter_ + i];
-          x[r * inter_ + i] = bf16(g / (1.f + std::exp(-g)) * u);
-        }
+      silu_mul(proj.data(), m, inter_, x.data());
       down_[l].apply(x, m, xf, xsum, proj.data());
-      add_residual();
+      add_to(h.data(), proj.data(), m * h_size);
     }
     auto out = torch::empty({m, h_size}, torch::kBFloat16);
     rms_norm(h.data(), final_norm_.data_ptr<bf16>(), m, h_size, eps_, out.data_ptr<bf16>());
@@ -188,10 +172,21 @@ torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
   return out;
 }
 
+// x float32 -> bfloat16 as the step rounds its values (elementwise.h), for tests.
+torch::Tensor round_bf16(torch::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
+                  x.numel() % edgefire::attention::kLanes == 0,
+              "x: contiguous float32, a multiple of the vector width");
+  auto out = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
+  to_bf16(x.data_ptr<float>(), x.numel(), out.data_ptr<bf16>());
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
+  m.def("round_bf16", &round_bf16);
   m.attr("isa") = edgefire::fused::kIsa;
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double,
