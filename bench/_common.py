@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edgefire.contract.cpu import cpu_class, has_amx
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # Real-ish English text; prompts are seeded shuffles of these sentences.
@@ -166,6 +168,10 @@ def machine_info() -> dict[str, object]:
     return {
         "cpu_count": os.cpu_count(),
         "cpu_model": cpu,
+        # the class of vector units the kernels and dtypes were chosen for (results from one
+        # cpu_model string can come from AVX2-only and AVX512-BF16 machines alike)
+        "cpu_class": cpu_class(),
+        "amx": has_amx(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
