@@ -208,15 +208,22 @@ def test_linear_matches_a_float_matmul(kernel):
                                    atol=1e-4, rtol=1e-5)
 
 
-def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel):
-    # One or two rows walk the weight's rows in turn, more go side by side (gemv.h): each row
-    # is summed in the same order either way, bit for bit (speculative decoding relies on it).
+@pytest.mark.parametrize("form", ["bf16", *QUANTIZERS])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
+    # BF16: one or two rows walk the weight's rows in turn, more go side by side (gemv.h);
+    # INT4: x rows go in passes of up to four (gemv_int4.h). Each row is summed in the same
+    # order either way, bit for bit (speculative decoding relies on it).
+    if form == "int4" and not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
     g = torch.Generator().manual_seed(3)
-    w = torch.randn(64, 192, generator=g).bfloat16()
+    w = torch.randn(128, 192, generator=g)
+    weight = [w.bfloat16()] if form == "bf16" else weight_form(QUANTIZERS[form](w))
     x = torch.randn(9, 192, generator=g).bfloat16()
-    together = kernel.linear(x, [w])
-    for rows in (1, 2, 3, 4):
-        assert torch.equal(kernel.linear(x[:rows].contiguous(), [w]), together[:rows])
+    together = kernel.linear(x, weight)
+    for start in range(9):
+        for rows in range(1, 10 - start):
+            alone = kernel.linear(x[start:start + rows].contiguous(), weight)
+            assert torch.equal(alone, together[start:start + rows])
 
 
 def test_the_steps_bf16_rounding_is_torchs_bit_for_bit(kernel):

@@ -30,11 +30,21 @@ inline float bf16_bits_to_float(uint16_t bits) {
 
 #if defined(EDGEFIRE_SIMD)
 using namespace edgefire::simd;
-constexpr int64_t kInt4Tokens = kWidth == 16 ? 2 : 1;  // x rows per pass: what fits registers
+// x rows per pass: each column's nibbles are widened once for all of them, which is most of
+// the work (a widened column costs more than its multiply-adds). Their sums live in registers
+// beside the widened column: 2 x rows' 4 vectors each on AVX2 (16 registers), 4 rows' 2 each
+// on AVX-512. Measured on AVX2 (2 cores, SmolLM2's qkv/gate_up/down streamed from memory):
+// widened once per row, 4 rows (a verify step with 3 drafts) cost 2.6x one row, which ate most
+// of what drafts gain on INT4; in pairs, 2, 4 and 8 rows run 1.4-1.5x faster than that. (The
+// AVX-512 count is by register budget, compiled but not yet timed.)
+constexpr int64_t kInt4Tokens = kWidth == 16 ? 4 : 2;
 
 // The block of `block` rows starting at row r0 against MB rows of x (float32 [MB][k]) with
 // xsum [MB][groups], 16 bytes of each column at a time: bytes [16h, 16h + 16) hold rows
-// 16h.. (low nibbles) and block / 2 + 16h.. (high), V = 32 / kWidth vectors of sums.
+// 16h.. (low nibbles) and block / 2 + 16h.. (high), V = 32 / kWidth vectors of sums. Each
+// group's scaled sum is added into out, so a row's result is the same sequence of operations
+// whatever MB is: a row does not depend on the rows beside it (speculative decoding relies on
+// it).
 template <int MB>
 inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
                        const uint16_t* scales_zeros, int64_t k, int64_t group, int64_t block,
@@ -44,9 +54,8 @@ inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
   const uint8_t* wb = w + r0 * k / 2;
   for (int64_t h = 0; h < col_bytes / 16; ++h) {
     auto row_of = [&](int r) { return (r < S ? 0 : col_bytes) + 16 * h + (r % S) * kWidth; };
-    vf total[MB][V];
-    for (auto& row : total)
-      for (auto& t : row) t = vzero();
+    for (int j = 0; j < MB; ++j)
+      for (int r = 0; r < V; ++r) vstore(out + j * n_out + r0 + row_of(r), vzero());
     for (int64_t g = 0; g < groups; ++g) {
       vf acc[MB][V];
       for (auto& row : acc)
@@ -65,13 +74,13 @@ inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
         vf scale, zero;
         vload_bf16_pairs(sz + row_of(r) * 2, scale, zero);
         const vf offset = vsub(zero, vmul(vset1(8.f), scale));
-        for (int j = 0; j < MB; ++j)
-          total[j][r] = vfmadd(acc[j][r], scale,
-                               vfmadd(offset, vset1(xsum[j * groups + g]), total[j][r]));
+        for (int j = 0; j < MB; ++j) {
+          float* total = out + j * n_out + r0 + row_of(r);
+          vstore(total, vfmadd(acc[j][r], scale,
+                               vfmadd(offset, vset1(xsum[j * groups + g]), vload(total))));
+        }
       }
     }
-    for (int j = 0; j < MB; ++j)
-      for (int r = 0; r < V; ++r) vstore(out + j * n_out + r0 + row_of(r), total[j][r]);
   }
 }
 #else
@@ -114,10 +123,13 @@ inline void gemv_int4(const float* x, const float* xsum, int64_t m, int64_t k, i
       for (int64_t m0 = 0; m0 < m; m0 += kInt4Tokens) {
         const float* xm = x + m0 * k;
         const float* sm = xsum + m0 * groups;
-        if (m - m0 >= 2 && kInt4Tokens == 2)
-          block_int4<2>(xm, sm, w, scales_zeros, k, group, block, n, b * block, out + m0 * n, n);
-        else
-          block_int4<1>(xm, sm, w, scales_zeros, k, group, block, n, b * block, out + m0 * n, n);
+        float* o = out + m0 * n;
+        switch (std::min<int64_t>(kInt4Tokens, m - m0)) {
+          case 4: block_int4<4>(xm, sm, w, scales_zeros, k, group, block, n, b * block, o, n); break;
+          case 3: block_int4<3>(xm, sm, w, scales_zeros, k, group, block, n, b * block, o, n); break;
+          case 2: block_int4<2>(xm, sm, w, scales_zeros, k, group, block, n, b * block, o, n); break;
+          default: block_int4<1>(xm, sm, w, scales_zeros, k, group, block, n, b * block, o, n);
+        }
       }
   });
 }
