@@ -105,9 +105,12 @@ def dense_copy_bytes(model: PlannedModel, dense: str) -> int:
     s = model.shape
     groups = (*s.head, *s.tail, *(w for layer in s.layers for w in layer.weights))
     codec, plain = codec_named(model.codec), precision(dense)
+    # A lossless codec's kinds stay in its form for every compute dtype (Unweight's packed
+    # rows serve float32 steps too: no float32 copy), though it re-encodes only its input one.
     kept = [w for w in groups if w.fixed is not None
-            or codec.apply(w.kind, plain).nbytes(w.params, w.rows)
-            == plain.nbytes(w.params, w.rows)]
+            or (codec.apply(w.kind, plain).nbytes(w.params, w.rows)
+                == plain.nbytes(w.params, w.rows)
+                and not (codec.takes is not None and w.kind in codec.stores))]
     return round(sum(group_bytes(model, w, dense) for w in kept))
 
 
