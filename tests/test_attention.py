@@ -1,4 +1,5 @@
-"""Paged attention: the native decode kernel and the SDPA path agree with dense attention."""
+"""Paged attention: the native decode and prefill kernels and the SDPA path agree with dense
+attention."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan, TorchPagedAttention
-from edgefire.models.attention.cpu_kernels import paged_decode_kernel
+from edgefire.models.attention.cpu_kernels import paged_decode_kernel, paged_prefill_kernel
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK = 6, 2, 32, 24, 4
 
@@ -78,7 +79,7 @@ def test_native_decode_kernel_register_tiled_shapes(dtype, head_dim, group):
 @pytest.mark.parametrize("native", [True, False])
 def test_backend_decode_paths_agree(native):
     cache, lens, tables, q = _decode_case(torch.float32, seed=1)
-    backend = TorchPagedAttention(HEADS, KV_HEADS, HEAD_DIM, native_decode=native)
+    backend = TorchPagedAttention(HEADS, KV_HEADS, HEAD_DIM, native=native)
     # Decoding writes the new token's K/V first; write what is already there so the cache
     # (and so the reference) is unchanged.
     slots = torch.stack([tables[s, (n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK
@@ -107,10 +108,90 @@ def test_prefill_chunk_after_cached_prefix_is_causal():
     meta = AttentionMetadata(slots[6:], 0, torch.zeros(0, 1, dtype=torch.long),
                              torch.zeros(0, dtype=torch.long), torch.zeros(1, 0, 1, 0).bool(),
                              [PrefillSpan(0, chunk, total, table, mask)])
-    backend = TorchPagedAttention(HEADS, KV_HEADS, HEAD_DIM, native_decode=False)
+    backend = TorchPagedAttention(HEADS, KV_HEADS, HEAD_DIM, native=False)
     out = backend.forward(q[6:], k[6:], v[6:], cache, meta)
     full = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                           v.transpose(0, 1)[None], is_causal=True,
                                           enable_gqa=True)
     torch.testing.assert_close(out, full[0].transpose(0, 1)[6:].reshape(chunk, -1),
                                atol=1e-5, rtol=1e-4)
+
+
+def _prefill_kernel():
+    kernel = paged_prefill_kernel()
+    if kernel is None or not kernel.vectorized:
+        pytest.skip("the native prefill kernel needs a C++ compiler and AVX2 or AVX-512")
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("head_dim", "group"), [(64, 3), (64, 1), (128, 4), (64, 5)])
+@pytest.mark.parametrize(("chunk", "context"), [(1, 1), (7, 7), (16, 16), (33, 33), (70, 70),
+                                                (20, 90), (1, 65), (64, 130)])
+def test_native_prefill_kernel_matches_dense_causal(dtype, head_dim, group, chunk, context):
+    # Lengths cross the kernel's 16-query blocks and its 64-key (AVX-512) or 32-key (AVX2)
+    # tiles; a chunk shorter than its context is a later prompt chunk or a prefix-cache hit.
+    kernel = _prefill_kernel()
+    g = torch.Generator().manual_seed(head_dim * group + chunk + context)
+    kv_heads, block, blocks = 2, 16, 20
+    cache = torch.randn(2, kv_heads, blocks, block, head_dim, generator=g).to(dtype)
+    table = torch.randperm(blocks, generator=g)[:-(-context // block)]
+    q = torch.randn(chunk, kv_heads * group, head_dim, generator=g)
+    out = kernel.paged_prefill(q, cache[0].contiguous(), cache[1].contiguous(), table, context,
+                               head_dim**-0.5)
+    kv = cache[:, :, table].reshape(2, kv_heads, -1, head_dim)[:, :, :context].float()
+    mask = torch.arange(context)[None, :] <= torch.arange(context - chunk, context)[:, None]
+    expected = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv[0][None], kv[1][None],
+                                              attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(out, expected[0].transpose(0, 1), atol=1e-5, rtol=1e-4)
+
+
+def test_native_prefill_kernel_rejects_bad_tables():
+    kernel = _prefill_kernel()
+    cache = torch.zeros(2, 1, 4, 16, 64)  # one KV head, 4 blocks of 16
+    q = torch.zeros(8, 2, 64)
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernel.paged_prefill(q, cache[0], cache[1], torch.tensor([0, 9]), 20, 0.125)
+    with pytest.raises(RuntimeError, match="table"):
+        kernel.paged_prefill(q, cache[0], cache[1], torch.tensor([0]), 20, 0.125)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_backend_prefill_paths_agree(native):
+    # Two prompts in one step, the second a later chunk of its sequence: the backend's native
+    # kernel (head_dim 64) and SDPA over gathered pages give dense causal attention's output.
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, head_dim, block, blocks = 6, 2, 64, 16, 16
+    cache = torch.zeros(2, kv_heads, blocks, block, head_dim)
+    lengths, cached = (21, 40), (0, 25)
+    tables = [torch.tensor([3, 8]), torch.tensor([5, 0, 12])]
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g) for n in lengths]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g) for n in lengths]
+    qs = [torch.randn(n, heads, head_dim, generator=g) for n in lengths]
+    slots = [torch.tensor([t[p // block] * block + p % block for p in range(n)])
+             for t, n in zip(tables, lengths, strict=True)]
+    flat = cache.view(2, kv_heads, -1, head_dim)
+    for s, c in zip(range(2), cached, strict=True):  # what earlier steps cached
+        flat[0, :, slots[s][:c]] = ks[s][:c].transpose(0, 1)
+        flat[1, :, slots[s][:c]] = vs[s][:c].transpose(0, 1)
+    spans, rows = [], 0
+    for s, (n, c) in enumerate(zip(lengths, cached, strict=True)):
+        keys, queries = torch.arange(n), torch.arange(c, n)
+        mask = (keys[None, :] <= queries[:, None]) if c else None
+        spans.append(PrefillSpan(rows, n - c, n, tables[s], mask, mask_is_causal=True))
+        rows += n - c
+    meta = AttentionMetadata(torch.cat([sl[c:] for sl, c in zip(slots, cached, strict=True)]), 0,
+                             torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                             torch.zeros(1, 0, 1, 0).bool(), spans)
+    backend = TorchPagedAttention(heads, kv_heads, head_dim, native=native)
+    if native:
+        assert backend.prefill_kernel is not None or paged_prefill_kernel() is None
+    out = backend.forward(torch.cat([q[c:] for q, c in zip(qs, cached, strict=True)]),
+                          torch.cat([k[c:] for k, c in zip(ks, cached, strict=True)]),
+                          torch.cat([v[c:] for v, c in zip(vs, cached, strict=True)]),
+                          cache, meta)
+    expected = [F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        is_causal=True, enable_gqa=True)[0].transpose(0, 1)[c:].reshape(len(q) - c, -1)
+        for q, k, v, c in zip(qs, ks, vs, cached, strict=True)]
+    torch.testing.assert_close(out, torch.cat(expected), atol=1e-5, rtol=1e-4)

@@ -111,7 +111,7 @@ def engine_for(weights, tokenizer, *, block_size: int = 4, budget: int = 256,
     if native and paged_decode_kernel() is None:
         pytest.skip("the native decode kernel is not built here")
     attention = TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
-                                    native_decode=native)
+                                    native=native)
     model = Llama4ForCausalLM(config, weights, (torch.float32,), attention=attention)
     block_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * block_size * 4
     engine_config = EngineConfig(

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from edgefire.models.native import native_kernel
 
-# The compiled paged-decode module, or None: attention then falls back to torch SDPA.
+# The compiled modules, or None: attention then falls back to torch SDPA.
 paged_decode_kernel = native_kernel("edgefire_paged_decode",
                                     Path(__file__).with_name("cpu_paged_decode.cpp"))
+paged_prefill_kernel = native_kernel("edgefire_paged_prefill",
+                                     Path(__file__).with_name("cpu_paged_prefill.cpp"))

@@ -18,6 +18,9 @@ class PrefillSpan:
     block_table: torch.Tensor  # [num_blocks] int64
     # Bool mask [num_tokens, context_len]; None when the span is the whole context (plain causal).
     mask: torch.Tensor | None
+    # The mask only spells out causal attention for queries at the context's end (a later
+    # prompt chunk, a prefix-cache hit), so a causal kernel may stand in for it.
+    mask_is_causal: bool = False
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgefire.models.attention.cpu_kernels import paged_decode_kernel
+from edgefire.models.attention.cpu_kernels import paged_decode_kernel, paged_prefill_kernel
 from edgefire.models.attention.metadata import AttentionMetadata
 
 
@@ -17,9 +17,12 @@ class TorchPagedAttention:
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
-                 native_decode: bool = True) -> None:
-        # The native kernel reads decode K/V in place; SDPA over gathered pages is the fallback.
-        self.kernel = paged_decode_kernel() if native_decode else None
+                 native: bool = True) -> None:
+        # The native kernels read K/V in place; SDPA over gathered pages is the fallback.
+        self.kernel = paged_decode_kernel() if native else None
+        prefill = paged_prefill_kernel() if native else None
+        self.prefill_kernel = (prefill if prefill is not None and prefill.vectorized
+                               and head_dim in (64, 128) else None)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -47,6 +50,12 @@ class TorchPagedAttention:
             out[:n] = self._decode(q[:n], k_cache, v_cache, meta)
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)
+            if self.prefill_kernel is not None and (span.mask is None or span.mask_is_causal):
+                o = self.prefill_kernel.paged_prefill(q[rows].float().contiguous(), k_cache,
+                                                      v_cache, span.block_table,
+                                                      span.context_len, self.scale)
+                out[rows] = o.view(span.num_tokens, -1)
+                continue
             out[rows] = self._prefill(q[rows], k_cache, v_cache, span.block_table,
                                       span.context_len, span.mask)
         return out

@@ -132,7 +132,8 @@ def _prefill_span(row: int, n: int, context_len: int, table: list[int]) -> Prefi
         keys = torch.arange(context_len)
         queries = torch.arange(context_len - n, context_len)
         mask = keys[None, :] <= queries[:, None]
-    return PrefillSpan(row, n, context_len, torch.tensor(table, dtype=torch.long), mask)
+    return PrefillSpan(row, n, context_len, torch.tensor(table, dtype=torch.long), mask,
+                       mask_is_causal=True)
 
 
 def _pad(tables: list[list[int]]) -> torch.Tensor:
