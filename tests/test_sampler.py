@@ -141,6 +141,16 @@ def test_top_p_keeps_the_minimal_nucleus(top_p: float, seed: int) -> None:
     assert torch.equal(logits, original)
 
 
+@pytest.mark.parametrize(("scale", "top_p"), [(0.05, 0.9), (0.05, 0.2), (4.0, 0.95)])
+def test_top_p_nucleus_within_or_beyond_the_candidates(scale: float, top_p: float) -> None:
+    # A vocabulary of 49k: nearly flat logits put the nucleus far past the first candidates
+    # (the full sort), peaked ones well inside them; both keep exactly the minimal nucleus.
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(49152, generator=g) * scale
+    kept = torch.isfinite(top_k_top_p_mask(logits, 0, top_p)).nonzero().flatten().tolist()
+    assert sorted(kept) == sorted(_minimal_nucleus(logits.softmax(-1), top_p))
+
+
 def test_top_p_after_top_k_renormalizes_within_top_k() -> None:
     logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1] + [1e-9] * (VOCAB - 4)))
     # Within the top 2, token 0 holds 0.4 / 0.7 = 57% of the mass: top_p 0.5 keeps it alone.

@@ -29,19 +29,38 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
 
+# top-p first looks for its nucleus among this many most likely tokens: where they hold at
+# least top_p of the mass (nearly always, for a chat model) the nucleus lies within them, and
+# the full vocabulary's sort (~1 ms at 49k tokens on 2 cores) is not needed.
+TOP_P_CANDIDATES = 256
+
+
 def top_k_top_p_mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set to -inf every logit outside the top-k and outside the top-p nucleus (1-D, copy)."""
     if top_k:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
+        probs = logits.softmax(-1)
+        probs, order = torch.topk(probs, min(TOP_P_CANDIDATES, len(probs)))
+        if float(probs.sum()) < top_p:
+            probs, order = torch.sort(logits.softmax(-1), descending=True)
         # Keep a token while the mass before it is below top_p: the top token always stays.
-        drop = (probs.cumsum(-1) - probs) >= top_p
-        logits = logits.clone() if not top_k else logits
-        logits[order[drop]] = float("-inf")
+        keep = order[(probs.cumsum(-1) - probs) < top_p]
+        masked = torch.full_like(logits, float("-inf"))
+        masked[keep] = logits[keep]
+        logits = masked
     return logits
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from probs (1-D) by inverting their cumulative sum at one uniform number from
+    the request's generator. (Drawing an exponential per token for a race costs ~1 ms at 49k
+    tokens on this CPU: a tenth of a decode step per sampled sequence.)"""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    # The first token whose cumulative sum exceeds u: a token of probability 0 never is.
+    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=len(probs) - 1))
 
 
 class Sampler:
@@ -65,8 +84,4 @@ class Sampler:
     def _sample_row(logits: torch.Tensor, seq: Sequence) -> int:
         p = seq.params
         logits = top_k_top_p_mask(logits / p.temperature, p.top_k, p.top_p)
-        probs = logits.softmax(-1)
-        # Exponential race (Gumbel-max in probability space): argmax(p / E), E ~ Exp(1), draws
-        # from p with one vector op and one draw from this request's own generator.
-        noise = torch.empty_like(probs).exponential_(generator=seq.generator)
-        return int((probs / noise).argmax())
+        return sample(logits.softmax(-1), seq.generator)
