@@ -129,7 +129,7 @@ def _prefill_kernel():
 @pytest.mark.parametrize(("chunk", "context"), [(1, 1), (7, 7), (16, 16), (33, 33), (70, 70),
                                                 (20, 90), (1, 65), (64, 130)])
 def test_native_prefill_kernel_matches_dense_causal(dtype, head_dim, group, chunk, context):
-    # Lengths cross the kernel's 16-query blocks and its 64-key (AVX-512) or 32-key (AVX2)
+    # Lengths cross the kernel's 16-query blocks and its 64-key (AVX-512) or 16-key (AVX2)
     # tiles; a chunk shorter than its context is a later prompt chunk or a prefix-cache hit.
     kernel = _prefill_kernel()
     g = torch.Generator().manual_seed(head_dim * group + chunk + context)

@@ -5,12 +5,13 @@
 //
 // Why: torch's CPU flash attention ran at 40-55 GFLOP/s on SmolLM2's prompt shapes (9 heads of
 // 64, 64-512 tokens, Zen 4, 2 threads) and was a fifth of prefill time beside GEMMs at ~85% of
-// the machine's peak (bench/kernels.py has the side-by-side).
+// the machine's peak; bench/attention.py times the two side by side.
 //
-// One task is a block of kQueries consecutive queries of one KV head, with the `group` query
-// heads that share it: each key tile is widened to float32 once (K transposed, so a row's
-// scores for the tile are kWidth-wide FMAs with no horizontal sums) and used by all their rows,
-// with an online softmax (flash attention's running max and sum) over the tiles.
+// Each KV head's context is first widened to float32 once for the call (K transposed per tile,
+// so a row's scores for a tile are kWidth-wide FMAs with no horizontal sums). One task is then
+// a block of kQueries consecutive queries of one KV head with the `group` query heads sharing
+// it, four rows at a time, with an online softmax (flash attention's running max and sum) over
+// the key tiles.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -27,10 +28,12 @@ constexpr int64_t kQueries = 16;  // query positions per task
 
 #if defined(EDGEFIRE_SIMD)
 using namespace edgefire::simd;
-constexpr int kVecs = 4;                   // vectors of scores per query row and key tile
-constexpr int64_t kKeys = kVecs * kWidth;  // keys per tile
-constexpr int64_t kRows = 4;           // query rows computed together
-constexpr int kOut = kWidth == 16 ? 4 : 2;  // output vectors per row kept in registers
+// Four rows' scores for a tile (kRows x kVecs sums), its key vectors and a broadcast fit the
+// registers: 32 with AVX-512, 16 with AVX2; so do the rows' kOut output vectors each.
+constexpr int64_t kRows = 4;                // query rows computed together
+constexpr int kVecs = kWidth == 16 ? 4 : 2;  // vectors of scores per row and key tile
+constexpr int64_t kKeys = kVecs * kWidth;    // keys per tile: 64 (AVX-512), 16 (AVX2)
+constexpr int kOut = kWidth == 16 ? 4 : 2;   // output vectors per row kept in registers
 
 inline float first_lane(vf v) {
   alignas(64) float lanes[kWidth];
@@ -45,9 +48,8 @@ inline void in_register(vf& v) { asm("" : "+v"(v)); }
 inline float widen(float x) { return x; }
 inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
 
-// One KV head's context widened to float32 once for every task that reads it: keys_t
-// [tiles][D][kKeys] (each tile transposed, so a row's scores are kWidth-wide FMAs with no
-// horizontal sums) and values [tiles * kKeys][D], zero past the context.
+// Key tile `tile` of one KV head, widened to float32 for every task that reads it: keys_t
+// [D][kKeys] (transposed) and values [kKeys][D], zero past the context.
 template <typename T>
 void widen_tile(const T* kh, const T* vh, const int64_t* table, int64_t block_size,
                 int64_t block_stride, int64_t context_len, int64_t tile, int64_t D,
