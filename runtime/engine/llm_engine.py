@@ -98,7 +98,8 @@ class LLMEngine:
             self.blocks.published = []
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
-        self.runner = ModelRunner(model, pool.cache, config.block_size, config.precision)
+        self.runner = ModelRunner(model, pool.cache, config.block_size, config.precision,
+                                  _invariant_rows(model, config.precision))
         self.sampler = Sampler()
         self.outputs = OutputProcessor(tokenizer)
         self.requests: dict[str, Sequence] = {}

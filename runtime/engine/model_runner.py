@@ -36,8 +36,14 @@ def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int,
-                 precision: Precision) -> None:
+                 precision: Precision, decode_rows: int = 0) -> None:
+        """decode_rows: the most rows of the model's step that computes each row as a decode
+        (models/fused; 0: none). A step of at most that many tokens runs its prompt chunks as
+        such rows too, each attending to the context up to its own token, as drafts do: one
+        native call instead of the fused decodes beside torch's layers for the chunks (most
+        steps when serving 16 clients carry a short chunk)."""
         self.model = model
+        self.decode_rows = decode_rows
         self.block_size = block_size
         self.precision = precision
         self.kv_cache = kv_cache
@@ -51,31 +57,37 @@ class ModelRunner:
         sequence verifying drafts: once per row, in order)."""
         work = list(zip(batch.seqs, batch.num_scheduled_tokens, strict=True))
         if not any(seq.deterministic for seq in batch.seqs):
-            return self._forward(work, self._dtype(work), None)
+            return self._forward(work, self._dtype(work), None, self._all_decodes(work))
         # Deterministic sequences (runtime/engine/deterministic.py) get passes whose shapes and
         # dtype depend on nothing else in the step: each prefill chunk alone, and all decodes
         # together in the one-token dtype with fixed row blocks. The rest run as usual.
         shared = [(seq, n) for seq, n in work if not seq.deterministic]
         decodes = [(seq, n) for seq, n in work if seq.deterministic and n == 1]
-        passes = [(shared, self._dtype(shared), None),
-                  (decodes, self.precision.for_step(1, decodes_only=True), ROW_BLOCK)]
-        passes += [([(seq, n)], self._dtype([(seq, n)]), None)
+        passes = [(shared, self._dtype(shared), None, self._all_decodes(shared)),
+                  (decodes, self.precision.for_step(1, decodes_only=True), ROW_BLOCK, False)]
+        passes += [([(seq, n)], self._dtype([(seq, n)]), None, False)
                    for seq, n in work if seq.deterministic and n > 1]
         sample_seqs: list[Sequence] = []
         logits: list[torch.Tensor] = []
-        for items, dtype, row_block in passes:
+        for items, dtype, row_block, all_decodes in passes:
             if items:
-                seqs, rows = self._forward(items, dtype, row_block)
+                seqs, rows = self._forward(items, dtype, row_block, all_decodes)
                 sample_seqs += seqs
                 logits.append(rows)
         return sample_seqs, torch.cat(logits)
 
+    def _all_decodes(self, work: list[tuple[Sequence, int]]) -> bool:
+        """Whether this step's every row runs as a decode (see decode_rows)."""
+        return 0 < sum(n for _, n in work) <= self.decode_rows
+
     def _dtype(self, work: list[tuple[Sequence, int]]) -> torch.dtype:
-        decodes_only = all(n == 1 or seq.num_draft for seq, n in work)
+        decodes_only = (self._all_decodes(work)
+                        or all(n == 1 or seq.num_draft for seq, n in work))
         return self.precision.for_step(sum(n for _, n in work), decodes_only)
 
     def _forward(self, work: list[tuple[Sequence, int]], dtype: torch.dtype,
-                 row_block: int | None) -> tuple[list[Sequence], torch.Tensor]:
+                 row_block: int | None, all_decodes: bool = False,
+                 ) -> tuple[list[Sequence], torch.Tensor]:
         # Decodes first: the attention backend batches them as one group. A sequence verifying
         # speculative drafts is decodes too, one row per token, row j attending to the context
         # up to its own token; every row is sampled.
@@ -97,7 +109,7 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if n == 1 or seq.num_draft:
+            if n == 1 or seq.num_draft or all_decodes:
                 decode_tables.extend([table] * n)
                 decode_lens.extend(range(start + 1, end + 1))
             else:
