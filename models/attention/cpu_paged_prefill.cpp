@@ -45,9 +45,6 @@ inline float first_lane(vf v) {
 // rows' FMAs, four loads where one does, and the loads become the limit.
 inline void in_register(vf& v) { asm("" : "+v"(v)); }
 
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
-
 // Key tile `tile` of one KV head, widened to float32 for every task that reads it: keys_t
 // [D][kKeys] (transposed) and values [kKeys][D], zero past the context.
 template <typename T>
@@ -59,8 +56,8 @@ void widen_tile(const T* kh, const T* vh, const int64_t* table, int64_t block_si
     const int64_t at = t < context_len ? table[t / block_size] * block_stride + t % block_size * D
                                        : -1;
     for (int64_t d = 0; d < D; ++d) {
-      keys_t[d * kKeys + j] = at >= 0 ? widen(kh[at + d]) : 0.f;
-      values[j * D + d] = at >= 0 ? widen(vh[at + d]) : 0.f;
+      keys_t[d * kKeys + j] = at >= 0 ? static_cast<float>(kh[at + d]) : 0.f;
+      values[j * D + d] = at >= 0 ? static_cast<float>(vh[at + d]) : 0.f;
     }
   }
 }
@@ -104,12 +101,11 @@ void prefill_task(const float* q, const float* keys_t, const float* values, int6
         }
       }
       // Stored once: indexed by a run-time row below, s would live in memory for the loop.
-      alignas(64) float scores[kRows][kKeys];
-      for (int64_t u = 0; u < kRows; ++u)
-        for (int v = 0; v < kVecs; ++v) vstore(scores[u] + v * kWidth, s[u][v]);
-      // Each row's online softmax over the tile; a row past the tile (or past the rows) gets
-      // no weights and keeps its sums.
+      // Each row's online softmax then turns its scores into weights in place; a row past the
+      // tile (or past the rows) gets none and keeps its sums.
       alignas(64) float weights[kRows][kKeys];
+      for (int64_t u = 0; u < kRows; ++u)
+        for (int v = 0; v < kVecs; ++v) vstore(weights[u] + v * kWidth, s[u][v]);
       float correction[kRows];
       int64_t keys = 0;  // the quad's most valid keys
       for (int64_t u = 0; u < kRows; ++u) {
@@ -122,7 +118,6 @@ void prefill_task(const float* q, const float* keys_t, const float* values, int6
           continue;
         }
         keys = std::max(keys, valid);
-        std::copy(scores[u], scores[u] + valid, w);
         std::fill(w + valid, w + kKeys, -INFINITY);
         vf top = vload(w);
         for (int v = 1; v < kVecs; ++v) top = vmax(top, vload(w + v * kWidth));

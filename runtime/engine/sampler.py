@@ -41,10 +41,10 @@ def top_k_top_p_mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Te
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        probs = logits.softmax(-1)
-        probs, order = torch.topk(probs, min(TOP_P_CANDIDATES, len(probs)))
+        full = logits.softmax(-1)
+        probs, order = torch.topk(full, min(TOP_P_CANDIDATES, len(full)))
         if float(probs.sum()) < top_p:
-            probs, order = torch.sort(logits.softmax(-1), descending=True)
+            probs, order = torch.sort(full, descending=True)
         # Keep a token while the mass before it is below top_p: the top token always stays.
         keep = order[(probs.cumsum(-1) - probs) < top_p]
         masked = torch.full_like(logits, float("-inf"))
