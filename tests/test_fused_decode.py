@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
-from edgefire.models.fused import MAX_ROWS, fused_kernels, weight_form
+from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode, fused_kernels, weight_form
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.plugins.unweight.resident import UnweightLinear
@@ -88,6 +88,30 @@ def test_fused_step_matches_float32_torch_path(kernel, rows):
     # The LM head over the same hidden states: float32 accumulation of the same products.
     torch.testing.assert_close(fused.compute_logits(hidden), ref.compute_logits(hidden.float()),
                                atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [2, 5])
+def test_fused_step_over_torchs_gemm_matches_float32_torch_path(kernel, rows):
+    # The path AMX machines take past max_rows, forced here at any row count on any machine.
+    model, cache, ids, positions, meta = _case(rows, torch.bfloat16)
+    ref, ref_cache, *_ = _case(rows, torch.float32)
+    step = FusedLlamaDecode.build(CONFIG, model.params[torch.bfloat16], torch_gemm_above=0)
+    hidden = step.forward(ids, positions, meta, cache)
+    expected = ref.forward(ids, positions, meta, ref_cache, torch.float32)
+    # Each product also rounded to BF16 (as torch's layers round them): still a few parts in
+    # a hundred over three layers.
+    torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.1, rtol=0.05)
+
+
+def test_step_rows_past_max_rows_only_with_amx_and_bf16_weights(monkeypatch):
+    import edgefire.models.fused.llama_decode as fused
+
+    monkeypatch.setattr(fused, "has_amx", lambda: True)
+    assert fused.step_rows("avx512bf16", all_bf16=True) == fused.MAX_STEP_ROWS_WITH_AMX
+    assert fused.step_rows("avx512bf16", all_bf16=False) == MAX_ROWS
+    monkeypatch.setattr(fused, "has_amx", lambda: False)
+    assert fused.step_rows("avx512bf16", all_bf16=True) == fused.MAX_ROWS_WITHOUT_AMX
 
 
 QUANTIZERS = {
@@ -258,7 +282,7 @@ def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
 def test_steps_it_must_not_take_stay_on_the_torch_path(kernel, case):
     model, cache, ids, positions, meta = _case(2, torch.bfloat16)
     fused = model._fused_step()
-    rows = fused.max_rows + 1 if case == "too_many_rows" else 2
+    rows = fused.step_rows + 1 if case == "too_many_rows" else 2
     if case == "prefill":
         meta.prefills = [object()]  # any span: never taken, so never read
     taken = fused.takes(rows, meta, cache, torch.float32 if case == "float32" else torch.bfloat16,

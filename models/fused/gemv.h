@@ -23,6 +23,11 @@ namespace edgefire::fused {
 
 constexpr int64_t kTileRows = 4;  // weight rows per tile
 constexpr int64_t kChunk = 32;    // K must be a multiple: one dot-product instruction's width
+// Rows read in turn ask for the weight this many values (8 KiB) ahead into L2. The hardware
+// prefetcher alone leaves a core's stream waiting on memory: on a 2-core Xeon (Sapphire
+// Rapids class) one x row read SmolLM2's shapes at 20-23 GB/s without it, 24-27 with it
+// (2, 4 and 8 KiB ahead into L1 or L2 measured; 8 KiB into L2 the fastest).
+constexpr int64_t kStreamAhead = 4096;
 
 #if defined(EDGEFIRE_SIMD)
 using namespace edgefire::simd;
@@ -55,7 +60,11 @@ inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, int64_t n0, fl
   };
   if constexpr (InTurn) {
     for (int i = 0; i < kTileRows; ++i)
-      for (int64_t c = 0; c < k; c += kChunk) step(i, c);
+      for (int64_t c = 0; c < k; c += kChunk) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + i) * k + c + kStreamAhead),
+                     _MM_HINT_T1);
+        step(i, c);
+      }
   } else {
     for (int64_t c = 0; c < k; c += kChunk)
       for (int i = 0; i < kTileRows; ++i) {

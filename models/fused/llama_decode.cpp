@@ -44,15 +44,18 @@ class LlamaDecode {
   // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
   // tensors.
   // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
+  // torch_gemm_rows: steps of more rows multiply BF16 weights by torch's GEMM (Proj::torch_mm).
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
               double eps, std::vector<pybind11::object> embed,
               std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
               std::vector<std::vector<std::vector<pybind11::object>>> forms,
-              torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin)
+              torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin,
+              int64_t torch_gemm_rows)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
         hidden_(hidden), inter_(inter), embed_(embed, form_rows(embed), hidden, "embed"),
         attn_norm_(std::move(attn_norm)),
-        mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin) {
+        mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin),
+        torch_gemm_rows_(torch_gemm_rows) {
     const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
     TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
                 "hidden and intermediate sizes must be multiples of 32");
@@ -102,6 +105,7 @@ class LlamaDecode {
                   "token id, position or slot out of range");
 
     const int64_t h_size = hidden_;
+    const bool torch_gemm = m > torch_gemm_rows_;
     std::vector<float> h(m * h_size), proj(m * std::max({qkv_size, 2 * inter_, h_size}));
     std::vector<float> q(m * q_size), attn(m * q_size);
     std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
@@ -114,7 +118,7 @@ class LlamaDecode {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
       rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      qkv_[l].apply(x, m, xf, xsum, proj.data());
+      qkv_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
       at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           float* row = proj.data() + r * qkv_size;
@@ -133,12 +137,12 @@ class LlamaDecode {
           q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
           attn.data(), m, heads_, kv_heads_, blocks, block_size, hd, tables.size(1), scale);
       to_bf16(attn.data(), m * q_size, x.data());
-      o_[l].apply(x, m, xf, xsum, proj.data());
+      o_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
       add_to(h.data(), proj.data(), m * h_size);
       rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gate_up_[l].apply(x, m, xf, xsum, proj.data());
+      gate_up_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
       silu_mul(proj.data(), m, inter_, x.data());
-      down_[l].apply(x, m, xf, xsum, proj.data());
+      down_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
       add_to(h.data(), proj.data(), m * h_size);
     }
     auto out = torch::empty({m, h_size}, torch::kBFloat16);
@@ -154,6 +158,7 @@ class LlamaDecode {
   std::vector<torch::Tensor> attn_norm_, mlp_norm_;
   std::vector<Proj> qkv_, o_, gate_up_, down_;
   torch::Tensor final_norm_, cos_, sin_;
+  int64_t torch_gemm_rows_;
 };
 
 // x [m, k] bfloat16 @ one weight in any of Proj's forms -> [m, n] float32: the LM head's
@@ -193,6 +198,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::vector<pybind11::object>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>,
                           std::vector<std::vector<std::vector<pybind11::object>>>, torch::Tensor,
-                          torch::Tensor, torch::Tensor>())
+                          torch::Tensor, torch::Tensor, int64_t>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

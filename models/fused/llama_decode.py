@@ -1,9 +1,9 @@
 """The fused Llama decode step over a model's own weights, and when a step may take it.
 
 A step takes it when every token in it is a decode (one new token per sequence, no prompt
-chunk), it has at most max_rows of them (max_rows() says why), it computes in BF16 over a
-BF16 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps
-torch's fixed blocks). Anything else (prefill, larger batches) runs the torch path, as do
+chunk), it has at most step_rows of them (max_rows() and step_rows() say why), it computes
+in BF16 over a BF16 KV cache, and no batch-invariant row blocks are asked for (deterministic
+mode keeps torch's fixed blocks). Anything else (prefill, larger batches) runs the torch path, as do
 models whose projections are in a form the step cannot read. It reads the tensors the model
 holds, no copies: BF16 tensors, and resident forms that offer `int8_per_channel()` -> (INT8
 weight [out, in], BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
@@ -35,36 +35,57 @@ fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name(
 # its fast dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (Zen 3).
 MAX_ROWS = 12
 MAX_ROWS_WITHOUT_AMX = 64
+# Past MAX_ROWS on AMX the step still runs as one native call, its BF16 matmuls by oneDNN
+# (projection.h, Proj::torch_mm) and the rest by its own loops: what torch's layers add
+# around the same GEMMs is Python and dispatch (SmolLM2, two threads, 2-core Xeon with AMX,
+# ms a decode step, through torch's layers -> this: 16 rows 49.1 -> 33.8, 32 rows 69.6 ->
+# 45.7, 64 rows 95.5 -> 68.0; with the attention prefetch in models/attention/paged_decode.h).
+MAX_STEP_ROWS_WITH_AMX = 64
 
 
 def max_rows(isa: str) -> int:
-    """The fused step's row limit for a kernel built for `isa` on this CPU."""
+    """The most rows the fused step computes with its own kernels (batch-invariant: each row
+    the same whatever shares its step), for a kernel built for `isa` on this CPU."""
     if isa == "avx2" or (isa == "avx512bf16" and not has_amx()):
         return MAX_ROWS_WITHOUT_AMX
     return MAX_ROWS
 
 
+def step_rows(isa: str, all_bf16: bool) -> int:
+    """The most decode rows a fused step takes: max_rows, or on AMX with BF16 weights (which
+    oneDNN multiplies) MAX_STEP_ROWS_WITH_AMX."""
+    own = max_rows(isa)
+    return MAX_STEP_ROWS_WITH_AMX if all_bf16 and own == MAX_ROWS and has_amx() else own
+
+
 class FusedLlamaDecode:
     """A LlamaDecode (llama_decode.cpp) over one model's weights, which it reads in place."""
 
-    def __init__(self, kernel: Any, config: Any, weights: Any,
-                 forms: list[list[list[Any]]]) -> None:
+    def __init__(self, kernel: Any, config: Any, weights: Any, forms: list[list[list[Any]]],
+                 torch_gemm_above: int | None = None) -> None:
+        """torch_gemm_above: steps of more rows multiply BF16 weights by torch's GEMM
+        (default: max_rows, the rows the step's own kernels take)."""
         c = config
         layers = weights.layers
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
         self.kernel = kernel
         self.max_rows = max_rows(kernel.isa)
+        all_bf16 = all(len(form) == 1 and _is_bf16(form[0])
+                       for per_layer in forms for form in per_layer)
+        self.step_rows = step_rows(kernel.isa, all_bf16)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
-            rotary.cos.contiguous(), rotary.sin.contiguous())
+            rotary.cos.contiguous(), rotary.sin.contiguous(),
+            self.max_rows if torch_gemm_above is None else torch_gemm_above)
 
     @classmethod
-    def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
+    def build(cls, config: Any, weights: Any,
+              torch_gemm_above: int | None = None) -> FusedLlamaDecode | None:
         """The fused step for these weights, or None when they or the CPU cannot take it."""
         kernel = fused_kernels()
         if kernel is None or kernel.isa == "scalar":
@@ -81,11 +102,11 @@ class FusedLlamaDecode:
         if (config.hidden_size % 32 or config.intermediate_size % 32 or config.head_dim % 16
                 or weights.lm_head.shape[0] % 4):
             return None
-        return cls(kernel, config, weights, forms)
+        return cls(kernel, config, weights, forms, torch_gemm_above)
 
     def takes(self, num_tokens: int, meta: AttentionMetadata, kv_cache: torch.Tensor,
               dtype: torch.dtype, row_block: int | None) -> bool:
-        return (0 < num_tokens <= self.max_rows and not meta.prefills and row_block is None
+        return (0 < num_tokens <= self.step_rows and not meta.prefills and row_block is None
                 and dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -75,16 +75,21 @@ struct Proj {
     group = cols / scales.size(0);
   }
 
+  bool is_bf16() const { return decoder == nullptr && !scales.defined(); }
+
   // out [m, n] = x [m, k] @ w^T; xf, xsum: room for x widened (and its int4 group sums) or,
-  // for a row decoder, x's BF16 words in its column order.
+  // for a row decoder, x's BF16 words in its column order. torch_gemm: a BF16 weight is
+  // multiplied by torch's GEMM (oneDNN), its BF16 products widened (see torch_mm).
   void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf,
-             std::vector<float>& xsum, float* out) const {
+             std::vector<float>& xsum, float* out, bool torch_gemm = false) const {
     if (decoder != nullptr) {
       apply_decoded(x, m, reinterpret_cast<uint16_t*>(xf.data()), out);
       return;
     }
     const int64_t n = w.size(0), k = group ? w.size(1) * 2 : w.size(1);
-    if (!scales.defined()) {
+    if (!scales.defined() && torch_gemm) {
+      torch_mm(x, m, out);
+    } else if (!scales.defined()) {
       gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
     } else if (group == 0) {
       for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
@@ -94,6 +99,19 @@ struct Proj {
       gemv_int4(xf.data(), xsum.data(), m, k, group, block, w.data_ptr<uint8_t>(),
                 bits(scales), n, out);
     }
+  }
+
+  // Where oneDNN multiplies BF16 on AMX tiles, its GEMM outruns the dot-product kernels above
+  // a few rows (MAX_ROWS in llama_decode.py), while the step around it stays one native call.
+  // torch's CPU matmul returns BF16 only, so these products are rounded to BF16 (as torch's
+  // own layers round them) and are not batch-invariant: a step takes this path only past the
+  // rows speculative decoding verifies in.
+  void torch_mm(const std::vector<bf16>& x, int64_t m, float* out) const {
+    const int64_t n = w.size(0), k = w.size(1);
+    const auto xt = torch::from_blob(const_cast<bf16*>(x.data()), {m, k}, torch::kBFloat16);
+    const torch::Tensor y = torch::mm(xt, w.t());
+    const bf16* p = y.data_ptr<bf16>();
+    for (int64_t i = 0; i < m * n; ++i) out[i] = static_cast<float>(p[i]);
   }
 
   // Each tile's four rows decoded once into a per-thread buffer, then multiplied as BF16.
