@@ -258,9 +258,10 @@ class LlamaForCausalLM(PagedGQADecoder):
     def compute_logits(self, hidden: torch.Tensor, row_block: int | None = None) -> torch.Tensor:
         """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
         fused = self._fused_step()
-        if (fused is not None and hidden.dtype == torch.bfloat16 and row_block is None
-                and 0 < hidden.shape[0] <= fused.max_rows):
-            return fused.logits(hidden)
+        if fused is not None and hidden.dtype == torch.bfloat16 and row_block is None:
+            logits = fused.logits(hidden)
+            if logits is not None:
+                return logits
         return _linear(hidden, self.params[hidden.dtype].lm_head, row_block).float()
 
 

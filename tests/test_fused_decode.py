@@ -9,6 +9,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode, fused_kernels, weight_form
@@ -102,6 +103,10 @@ def test_fused_step_over_torchs_gemm_matches_float32_torch_path(kernel, rows):
     # a hundred over three layers.
     torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
     torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.1, rtol=0.05)
+    # Past max_rows the LM head is oneDNN's over its packed copy: torch's own product.
+    rows_past = torch.randn(step.max_rows + 1, CONFIG.hidden_size).bfloat16()
+    lm_head = model.params[torch.bfloat16].lm_head
+    assert torch.equal(step.logits(rows_past), F.linear(rows_past, lm_head).float())
 
 
 def test_step_rows_past_max_rows_only_with_amx_and_bf16_weights(monkeypatch):

@@ -44,13 +44,14 @@ class LlamaDecode {
   // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
   // tensors.
   // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
-  // torch_gemm_rows: steps of more rows multiply BF16 weights by torch's GEMM (Proj::torch_mm).
+  // torch_gemm_rows: steps of more rows multiply BF16 weights by torch's GEMM (Proj::torch_mm);
+  // packed[p][layer]: those weights in oneDNN's layout, or no lists (plain BF16 then).
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
               double eps, std::vector<pybind11::object> embed,
               std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
               std::vector<std::vector<std::vector<pybind11::object>>> forms,
               torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin,
-              int64_t torch_gemm_rows)
+              int64_t torch_gemm_rows, std::vector<std::vector<torch::Tensor>> packed)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
         hidden_(hidden), inter_(inter), embed_(embed, form_rows(embed), hidden, "embed"),
         attn_norm_(std::move(attn_norm)),
@@ -72,6 +73,12 @@ class LlamaDecode {
     TORCH_CHECK(o_.size() == layers && gate_up_.size() == layers && down_.size() == layers &&
                     attn_norm_.size() == layers && mlp_norm_.size() == layers,
                 "one weight of each kind per layer");
+    TORCH_CHECK(packed.empty() || packed.size() == 4, "packed: none, or qkv, o, gate_up, down");
+    std::vector<Proj>* kinds[] = {&qkv_, &o_, &gate_up_, &down_};
+    for (size_t p = 0; p < packed.size(); ++p) {
+      TORCH_CHECK(packed[p].size() == layers, "packed: one weight per layer");
+      for (size_t l = 0; l < layers; ++l) (*kinds[p])[l].packed = packed[p][l];
+    }
     for (size_t l = 0; l < layers; ++l)
       for (const auto* norm : {&attn_norm_[l], &mlp_norm_[l]})
         TORCH_CHECK(norm->scalar_type() == torch::kBFloat16 && norm->numel() == hidden_, "norm");
@@ -198,6 +205,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::vector<pybind11::object>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>,
                           std::vector<std::vector<std::vector<pybind11::object>>>, torch::Tensor,
-                          torch::Tensor, torch::Tensor, int64_t>())
+                          torch::Tensor, torch::Tensor, int64_t,
+                          std::vector<std::vector<torch::Tensor>>>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -36,11 +36,13 @@ fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name(
 MAX_ROWS = 12
 MAX_ROWS_WITHOUT_AMX = 64
 # Past MAX_ROWS on AMX the step still runs as one native call, its BF16 matmuls by oneDNN
-# (projection.h, Proj::torch_mm) and the rest by its own loops: what torch's layers add
-# around the same GEMMs is Python and dispatch (SmolLM2, two threads, 2-core Xeon with AMX,
-# ms a decode step, through torch's layers -> this: 16 rows 49.1 -> 33.8, 32 rows 69.6 ->
-# 45.7, 64 rows 95.5 -> 68.0; with the attention prefetch in models/attention/paged_decode.h).
+# over weights packed once into its layout (projection.h, Proj::torch_mm) and the rest by its
+# own loops: what torch's layers add around the GEMMs is Python and dispatch (SmolLM2, two
+# threads, 2-core Xeon with AMX, ms a decode step: through torch's layers 16 rows 49.1, 32
+# rows 69.6, 64 rows 95.5; this with torch.mm 33.8, 45.7, 68.0; with packed weights 26.6,
+# 36.5, 57.9; with the attention prefetch in models/attention/paged_decode.h).
 MAX_STEP_ROWS_WITH_AMX = 64
+PACKED_FOR_ROWS = 32  # the row count oneDNN's layout is chosen for (any count runs on it)
 
 
 def max_rows(isa: str) -> int:
@@ -76,12 +78,16 @@ class FusedLlamaDecode:
         self.step_rows = step_rows(kernel.isa, all_bf16)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
+        above = self.max_rows if torch_gemm_above is None else torch_gemm_above
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
-            rotary.cos.contiguous(), rotary.sin.contiguous(),
-            self.max_rows if torch_gemm_above is None else torch_gemm_above)
+            rotary.cos.contiguous(), rotary.sin.contiguous(), above,
+            _packed(forms) if self.step_rows > above and all_bf16 else [])
+        # The LM head past max_rows (torch's GEMM there too), when it is a BF16 tensor.
+        self.lm_head_packed = (_reorder(weights.lm_head) if self.step_rows > above
+                               and _is_bf16(weights.lm_head) else None)
 
     @classmethod
     def build(cls, config: Any, weights: Any,
@@ -114,8 +120,27 @@ class FusedLlamaDecode:
         return self.step.forward(input_ids, positions, meta.slot_mapping,
                                  meta.decode_block_tables, meta.decode_context_lens, kv_cache)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.kernel.linear(hidden.contiguous(), self.lm_head)
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Float32 logits of BF16 hidden rows: by the step's own kernel up to max_rows, by
+        oneDNN over the packed LM head past them; None where neither takes them."""
+        rows = hidden.shape[0]
+        if 0 < rows <= self.max_rows:
+            return self.kernel.linear(hidden.contiguous(), self.lm_head)
+        if rows and self.lm_head_packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(
+                hidden.contiguous(), self.lm_head_packed, None, "none", [], "").float()
+        return None
+
+
+def _packed(forms: list[list[list[Any]]]) -> list[list[torch.Tensor]]:
+    """Each BF16 projection reordered once into oneDNN's blocked layout, for the steps that
+    multiply through torch's GEMM (projection.h, Proj::torch_mm). A second copy of those
+    weights: where they are BF16 and AMX runs them (SmolLM2: 212 MB, 57 more for the LM head)."""
+    return [[_reorder(form[0]) for form in per_layer] for per_layer in forms]
+
+
+def _reorder(w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(w, PACKED_FOR_ROWS)
 
 
 def _is_bf16(t: object) -> bool:
