@@ -3,8 +3,8 @@
 A step takes it when every token in it is a decode (one new token per sequence, no prompt
 chunk), it has at most step_rows of them (max_rows() and step_rows() say why), it computes
 in BF16 over a BF16 KV cache, and no batch-invariant row blocks are asked for (deterministic
-mode keeps torch's fixed blocks). Anything else (prefill, larger batches) runs the torch path, as do
-models whose projections are in a form the step cannot read. It reads the tensors the model
+mode keeps torch's fixed blocks). Anything else (prefill, larger batches) runs the torch path,
+as do models whose projections are in a form the step cannot read. It reads the tensors the model
 holds, no copies: BF16 tensors, and resident forms that offer `int8_per_channel()` -> (INT8
 weight [out, in], BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
 BF16 scales_zeros [groups, out, 2] and the packing's rows per block (or None), or
@@ -79,15 +79,16 @@ class FusedLlamaDecode:
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
         above = self.max_rows if torch_gemm_above is None else torch_gemm_above
+        past = self.step_rows > above  # some steps multiply through torch's GEMM
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
             rotary.cos.contiguous(), rotary.sin.contiguous(), above,
-            _packed(forms) if self.step_rows > above and all_bf16 else [])
+            _packed(forms) if past and all_bf16 else [])
         # The LM head past max_rows (torch's GEMM there too), when it is a BF16 tensor.
-        self.lm_head_packed = (_reorder(weights.lm_head) if self.step_rows > above
-                               and _is_bf16(weights.lm_head) else None)
+        self.lm_head_packed = (_reorder(weights.lm_head) if past and _is_bf16(weights.lm_head)
+                               else None)
 
     @classmethod
     def build(cls, config: Any, weights: Any,
