@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode, fused_kernels, weight_form
+from edgefire.models.fused.llama_decode import pack_pairs
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.plugins.unweight.resident import UnweightLinear
@@ -253,6 +254,47 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
         for rows in range(1, 10 - start):
             alone = kernel.linear(x[start:start + rows].contiguous(), weight)
             assert torch.equal(alone, together[start:start + rows])
+
+
+@pytest.fixture(scope="module")
+def pairs_kernel(kernel):
+    if kernel.isa != "avx512bf16":
+        pytest.skip("the packed-pairs matmul needs AVX512-BF16")
+    return kernel
+
+
+def test_packed_pairs_matmul_matches_a_float_matmul(pairs_kernel):
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(192, 160, generator=g).bfloat16()
+    for rows in [*range(1, 14), 47, 48, 49, 100]:  # every tile remainder, row chunks of 48
+        x = torch.randn(rows, 160, generator=g).bfloat16()
+        torch.testing.assert_close(pairs_kernel.linear_packed(x, pack_pairs([w])),
+                                   x.float() @ w.float().T, atol=1e-4, rtol=1e-5)
+
+
+def test_a_rows_packed_product_does_not_depend_on_the_rows_beside_it(pairs_kernel):
+    # Tiles of six rows, chunks of 48 rows between threads: each output is still one chain of
+    # dot products over K in order, bit for bit.
+    g = torch.Generator().manual_seed(5)
+    pairs = pack_pairs([torch.randn(128, 96, generator=g).bfloat16()])
+    x = torch.randn(70, 96, generator=g).bfloat16()
+    together = pairs_kernel.linear_packed(x, pairs)
+    for start, rows in [(0, 1), (3, 2), (5, 7), (13, 48), (20, 50), (69, 1)]:
+        alone = pairs_kernel.linear_packed(x[start:start + rows].contiguous(), pairs)
+        assert torch.equal(alone, together[start:start + rows])
+
+
+def test_only_bf16_weights_of_whole_blocks_are_packed_as_pairs():
+    assert pack_pairs([torch.zeros(128, 32, dtype=torch.bfloat16)]).shape == (2, 16, 64, 2)
+    assert pack_pairs([torch.zeros(96, 32, dtype=torch.bfloat16)]).numel() == 0
+    assert pack_pairs([torch.zeros(128, 32)]).numel() == 0  # float32
+    assert pack_pairs([torch.zeros(128, 32, dtype=torch.int8), torch.ones(128)]).numel() == 0
+
+
+def test_packed_pairs_reject_a_mismatched_weight(pairs_kernel):
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="packed"):
+        pairs_kernel.linear_packed(x, pack_pairs([torch.zeros(64, 32, dtype=torch.bfloat16)]))
 
 
 def test_the_steps_bf16_rounding_is_torchs_bit_for_bit(kernel):

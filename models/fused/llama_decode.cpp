@@ -16,6 +16,7 @@
 
 #include "../attention/paged_decode.h"
 #include "elementwise.h"
+#include "gemm_packed.h"
 #include "projection.h"
 
 namespace {
@@ -46,12 +47,15 @@ class LlamaDecode {
   // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
   // torch_gemm_rows: steps of more rows multiply BF16 weights by torch's GEMM (Proj::torch_mm);
   // packed[p][layer]: those weights in oneDNN's layout, or no lists (plain BF16 then).
+  // pairs[p][layer]: BF16 weights as pack_bf16 lays them out for gemm_packed.h (empty tensors
+  // where none), or no lists.
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
               double eps, std::vector<pybind11::object> embed,
               std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
               std::vector<std::vector<std::vector<pybind11::object>>> forms,
               torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin,
-              int64_t torch_gemm_rows, std::vector<std::vector<torch::Tensor>> packed)
+              int64_t torch_gemm_rows, std::vector<std::vector<torch::Tensor>> packed,
+              std::vector<std::vector<torch::Tensor>> pairs)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
         hidden_(hidden), inter_(inter), embed_(embed, form_rows(embed), hidden, "embed"),
         attn_norm_(std::move(attn_norm)),
@@ -78,6 +82,11 @@ class LlamaDecode {
     for (size_t p = 0; p < packed.size(); ++p) {
       TORCH_CHECK(packed[p].size() == layers, "packed: one weight per layer");
       for (size_t l = 0; l < layers; ++l) (*kinds[p])[l].packed = packed[p][l];
+    }
+    TORCH_CHECK(pairs.empty() || pairs.size() == 4, "pairs: none, or qkv, o, gate_up, down");
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      TORCH_CHECK(pairs[p].size() == layers, "pairs: one weight per layer");
+      for (size_t l = 0; l < layers; ++l) (*kinds[p])[l].set_pairs(pairs[p][l]);
     }
     for (size_t l = 0; l < layers; ++l)
       for (const auto* norm : {&attn_norm_[l], &mlp_norm_[l]})
@@ -184,6 +193,23 @@ torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
   return out;
 }
 
+// x [m, k] bfloat16 @ a weight packed by pack_bf16 ([n / 64, k / 2, 64, 2] bfloat16) -> [m, n]
+// float32 (gemm_packed.h).
+torch::Tensor linear_packed(torch::Tensor x, torch::Tensor packed) {
+  TORCH_CHECK(edgefire::fused::kHasPacked, "packed BF16 weights need AVX512-BF16");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
+              "x: contiguous bfloat16 [m, k]");
+  TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() &&
+                  packed.dim() == 4 && packed.size(1) * 2 == x.size(1) &&
+                  packed.size(2) == edgefire::fused::kPackedCols && packed.size(3) == 2,
+              "packed: contiguous bfloat16 [n / 64, k / 2, 64, 2]");
+  const int64_t m = x.size(0), k = x.size(1), n = packed.size(0) * packed.size(2);
+  auto out = torch::empty({m, n}, x.options().dtype(torch::kFloat32));
+  edgefire::fused::gemm_packed_bf16(edgefire::fused::bits(x), m, k,
+                                    edgefire::fused::bits(packed), n, out.data_ptr<float>());
+  return out;
+}
+
 // x float32 -> bfloat16 as the step rounds its values (elementwise.h), for tests.
 torch::Tensor round_bf16(torch::Tensor x) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
@@ -199,6 +225,7 @@ torch::Tensor round_bf16(torch::Tensor x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.def("round_bf16", &round_bf16);
+  m.def("linear_packed", &linear_packed);
   m.attr("isa") = edgefire::fused::kIsa;
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double,
@@ -206,6 +233,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::vector<torch::Tensor>,
                           std::vector<std::vector<std::vector<pybind11::object>>>, torch::Tensor,
                           torch::Tensor, torch::Tensor, int64_t,
+                          std::vector<std::vector<torch::Tensor>>,
                           std::vector<std::vector<torch::Tensor>>>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -80,15 +80,20 @@ class FusedLlamaDecode:
         embed = weight_form(weights.embed)
         above = self.max_rows if torch_gemm_above is None else torch_gemm_above
         past = self.step_rows > above  # some steps multiply through torch's GEMM
+        # With AVX512-BF16, BF16 weights are multiplied over a copy packed as pairs
+        # (gemm_packed.h) at every row count the step's own kernels take.
+        pairs = kernel.isa == "avx512bf16"
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
             rotary.cos.contiguous(), rotary.sin.contiguous(), above,
-            _packed(forms) if past and all_bf16 else [])
+            _packed(forms) if past and all_bf16 else [],
+            [[pack_pairs(form) for form in per_layer] for per_layer in forms] if pairs else [])
         # The LM head past max_rows (torch's GEMM there too), when it is a BF16 tensor.
         self.lm_head_packed = (_reorder(weights.lm_head) if past and _is_bf16(weights.lm_head)
                                else None)
+        self.lm_head_pairs = pack_pairs(self.lm_head) if pairs else _NO_PAIRS
 
     @classmethod
     def build(cls, config: Any, weights: Any,
@@ -126,6 +131,8 @@ class FusedLlamaDecode:
         oneDNN over the packed LM head past them; None where neither takes them."""
         rows = hidden.shape[0]
         if 0 < rows <= self.max_rows:
+            if self.lm_head_pairs.numel():
+                return self.kernel.linear_packed(hidden.contiguous(), self.lm_head_pairs)
             return self.kernel.linear(hidden.contiguous(), self.lm_head)
         if rows and self.lm_head_packed is not None:
             return torch.ops.mkldnn._linear_pointwise(
@@ -138,6 +145,23 @@ def _packed(forms: list[list[list[Any]]]) -> list[list[torch.Tensor]]:
     multiply through torch's GEMM (projection.h, Proj::torch_mm). A second copy of those
     weights: where they are BF16 and AMX runs them (SmolLM2: 212 MB, 57 more for the LM head)."""
     return [[_reorder(form[0]) for form in per_layer] for per_layer in forms]
+
+
+# What a weight the pairs kernel cannot take is packed as: nothing (the step reads it as it is).
+_NO_PAIRS = torch.empty(0, dtype=torch.bfloat16)
+PAIR_COLS = 64  # output columns a packed block holds (gemm_packed.h's kPackedCols)
+
+
+def pack_pairs(form: list[Any]) -> torch.Tensor:
+    """A BF16 weight [n, k] as gemm_packed.h reads it, [n / 64, k / 2, 64, 2]: each block of 64
+    output columns holds, for each pair of K, the 64 columns' two values side by side. A
+    second copy of the weight (SmolLM2: 269 MB with the LM head); _NO_PAIRS for other forms
+    and shapes."""
+    w = form[0] if len(form) == 1 else None
+    if not _is_bf16(w) or w.shape[0] % PAIR_COLS or w.shape[1] % 2:
+        return _NO_PAIRS
+    n, k = w.shape
+    return w.view(n // PAIR_COLS, PAIR_COLS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def _reorder(w: torch.Tensor) -> torch.Tensor:

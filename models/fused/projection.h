@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm_packed.h"
 #include "gemv.h"
 #include "gemv_int4.h"
 #include "row_decoder.h"
@@ -32,6 +33,7 @@ inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, con
 struct Proj {
   torch::Tensor w, scales;
   torch::Tensor packed;  // optional: a BF16 w in oneDNN's blocked layout, for torch_mm
+  torch::Tensor pairs;   // optional: a BF16 w packed for gemm_packed.h (AVX512-BF16)
   int64_t group = 0, block = 0;  // INT4: columns per scale, rows per packing block
   const RowDecoder* decoder = nullptr;
   pybind11::object keep;  // the decoder's capsule
@@ -88,6 +90,8 @@ struct Proj {
     const int64_t n = w.size(0), k = group ? w.size(1) * 2 : w.size(1);
     if (torch_gemm && packed.defined()) {
       torch_mm(x, m, out);
+    } else if (pairs.defined()) {
+      gemm_packed_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(pairs), n, out);
     } else if (!scales.defined()) {
       gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
     } else if (group == 0) {
@@ -164,6 +168,18 @@ struct Proj {
     decoder->decode(decoder->self, index, 1, words);
     for (int64_t c = 0; c < k; ++c)
       out[decoder->order[c]] = static_cast<float>(c10::BFloat16(words[c], c10::BFloat16::from_bits()));
+  }
+
+  // pairs: w as pack_bf16 lays it out (llama_decode.py), or an empty tensor for none.
+  void set_pairs(const torch::Tensor& p) {
+    if (p.numel() == 0) return;
+    TORCH_CHECK(kHasPacked && !scales.defined() && decoder == nullptr && w.defined(),
+                "packed pairs: for BF16 weights, on CPUs with AVX512-BF16");
+    TORCH_CHECK(p.scalar_type() == torch::kBFloat16 && p.is_contiguous() && p.dim() == 4 &&
+                    p.size(0) * p.size(2) == w.size(0) && p.size(1) * 2 == w.size(1) &&
+                    p.size(2) == kPackedCols && p.size(3) == 2,
+                "packed pairs: contiguous bfloat16 [n / 64, k / 2, 64, 2]");
+    pairs = p;
   }
 
   int64_t rows() const { return decoder != nullptr ? decoder->rows : w.size(0); }

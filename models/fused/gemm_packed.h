@@ -1,0 +1,104 @@
+// BF16 matmul over a weight packed for AVX512-BF16 dot products: out[m, n] = x[m, k] @ w^T for
+// any number of rows of x, float32 accumulated and out.
+//
+// Why a packed weight: the dot-product kernels in gemv.h hold a vector of partial sums along
+// K per (weight row, x row) and reduce it at the end; each of their dot products needs a
+// weight load and an x load, so past a few rows of x they wait on loads (Zen 4, 2 cores:
+// ~200 GFLOP/s at 16-64 rows, 44% of the ~450 its dot-product units reach). Here the weight
+// lies as pairs of K values side by side across 64 output columns, so one dot-product
+// instruction multiplies 16 columns' pair by one x pair broadcast from memory: a 6-row x
+// 64-column tile keeps 24 sums in registers for 4 weight loads and 6 broadcasts.
+//
+// Each output is one chain of dot products over K's pairs in order, whatever the rows of x,
+// the tile or the thread computing it: a row's result does not depend on what shares its
+// step (speculative decoding relies on it), from one row to thousands.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace edgefire::fused {
+
+constexpr int64_t kPackedCols = 64;  // output columns per packed block: four vectors of 16
+constexpr int64_t kPackedRows = 6;   // x rows per tile: 24 sums + 4 weight vectors in registers
+// How far ahead (bytes) a block's first tile asks for its weight into L2: the first pass over
+// a block reads it from memory, as gemv.h's rows in turn do.
+constexpr int64_t kPackedAhead = 8192;
+
+#if defined(__AVX512BF16__)
+constexpr bool kHasPacked = true;
+
+// Rows [0, MR) of x against one packed block [k / 2][64][2]: out[r, 0..64).
+template <int MR, bool Prefetch>
+inline void packed_tile(const uint16_t* x, int64_t ldx, const uint16_t* block, int64_t pairs,
+                        float* out, int64_t ldo) {
+  __m512 acc[MR][4];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* wp = block + p * kPackedCols * 2;
+    if constexpr (Prefetch) {
+      const char* ahead = reinterpret_cast<const char*>(wp) + kPackedAhead;
+      for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T1);
+    }
+    __m512bh w[4];
+    for (int j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(wp + j * 32);
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      __builtin_memcpy(&pair, x + r * ldx + 2 * p, 4);
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], w[j], xb);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + j * 16, acc[r][j]);
+}
+
+template <bool Prefetch>
+inline void packed_rows(int64_t mr, const uint16_t* x, int64_t ldx, const uint16_t* block,
+                        int64_t pairs, float* out, int64_t ldo) {
+  switch (mr) {
+    case 6: packed_tile<6, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+    case 5: packed_tile<5, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+    case 4: packed_tile<4, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+    case 3: packed_tile<3, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+    case 2: packed_tile<2, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+    default: packed_tile<1, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+  }
+}
+
+// x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_bf16 in llama_decode.py),
+// out [m, n] float32. Threads split the blocks and, with many rows, the rows too: a block's
+// weight is read from memory once by its first tile and from cache by the rest.
+inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
+                             int64_t n, float* out) {
+  const int64_t blocks = n / kPackedCols, pairs = k / 2;
+  // Rows per work item: all of them up to 48 (a block's weight stays in L2 between tiles),
+  // else chunks of 48, so prompt-sized steps spread over the threads however few blocks.
+  constexpr int64_t kChunkRows = 8 * kPackedRows;
+  const int64_t chunks = (m + kChunkRows - 1) / kChunkRows;
+  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / chunks, r0 = (item % chunks) * kChunkRows;
+      const int64_t r1 = std::min(m, r0 + kChunkRows);
+      const uint16_t* block = packed + b * pairs * kPackedCols * 2;
+      for (int64_t r = r0; r < r1; r += kPackedRows) {
+        const int64_t mr = std::min(kPackedRows, r1 - r);
+        float* o = out + r * n + b * kPackedCols;
+        if (r == r0) packed_rows<true>(mr, x + r * k, k, block, pairs, o, n);
+        else packed_rows<false>(mr, x + r * k, k, block, pairs, o, n);
+      }
+    }
+  });
+}
+#else
+constexpr bool kHasPacked = false;
+
+inline void gemm_packed_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
+                             float*) {}
+#endif
+
+}  // namespace edgefire::fused
