@@ -220,6 +220,41 @@ def test_decodes_beside_a_prompt_chunk_still_take_the_fused_step(kernel):
     torch.testing.assert_close(cache.float(), torch_cache.float(), atol=0.1, rtol=0.05)
 
 
+def test_prompt_chunks_take_the_fused_step_beside_decodes(kernel):
+    # Where the pairs kernel runs without AMX, whole prompts and later chunks (causal at their
+    # context's end) run in the same native call as the decodes, against torch's path here.
+    from edgefire.contract.cpu import has_amx
+    if kernel.isa != "avx512bf16" or has_amx():
+        pytest.skip("prompt chunks take the fused step with AVX512-BF16 and without AMX")
+    config = dataclasses.replace(CONFIG, head_dim=64)
+    model, cache, ids, positions, meta = _case(2, torch.bfloat16, config=config)
+    g = torch.Generator().manual_seed(6)
+    spans, slots, new_ids, new_positions = [], [], [], []
+    row = meta.num_decode_tokens
+    for first, count, start in [(0, 21, 150), (23, 7, 160)]:  # a whole prompt, a later chunk
+        context = first + count
+        table = torch.arange(start, start + -(-context // BLOCK))
+        mask = None if first == 0 else (
+            torch.arange(context)[None, :] <= first + torch.arange(count)[:, None])
+        spans.append(PrefillSpan(row, count, context, table, mask, mask_is_causal=first > 0))
+        slots += [int(table[t // BLOCK]) * BLOCK + t % BLOCK for t in range(first, context)]
+        new_ids.append(torch.randint(0, config.vocab_size, (count,), generator=g))
+        new_positions.append(torch.arange(first, context))
+        row += count
+    mixed = AttentionMetadata(torch.cat([meta.slot_mapping, torch.tensor(slots)]),
+                              meta.num_decode_tokens, meta.decode_block_tables,
+                              meta.decode_context_lens, meta.decode_mask, spans)
+    all_ids, all_positions = torch.cat([ids, *new_ids]), torch.cat([positions, *new_positions])
+    assert model._fused_step().takes(len(all_ids), mixed, cache, torch.bfloat16, None)
+    torch_cache = cache.clone()
+    hidden = model.forward(all_ids, all_positions, mixed, cache, torch.bfloat16)
+    model.fused_decode = False
+    expected = model.forward(all_ids, all_positions, mixed, torch_cache, torch.bfloat16)
+    # Both round each projection's input to BF16; torch's path also its residual stream.
+    torch.testing.assert_close(hidden.float(), expected.float(), atol=0.05, rtol=0.05)
+    torch.testing.assert_close(cache.float(), torch_cache.float(), atol=0.1, rtol=0.05)
+
+
 def test_fused_step_writes_only_the_new_tokens_slots(kernel):
     model, cache, ids, positions, meta = _case(3, torch.bfloat16)
     before = cache.clone()
@@ -330,8 +365,8 @@ def test_steps_it_must_not_take_stay_on_the_torch_path(kernel, case):
     model, cache, ids, positions, meta = _case(2, torch.bfloat16)
     fused = model._fused_step()
     rows = fused.step_rows + 1 if case == "too_many_rows" else 2
-    if case == "prefill":
-        meta.prefills = [object()]  # any span: never taken, so never read
+    if case == "prefill":  # a span with a mask of its own (not causal): SDPA's
+        meta.prefills = [PrefillSpan(2, 3, 3, torch.arange(1), torch.ones(3, 3, dtype=torch.bool))]
     taken = fused.takes(rows, meta, cache, torch.float32 if case == "float32" else torch.bfloat16,
                         8 if case == "row_block" else None)
     assert not taken

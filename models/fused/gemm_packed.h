@@ -24,26 +24,25 @@ namespace edgefire::fused {
 
 constexpr int64_t kPackedCols = 64;  // output columns per packed block: four vectors of 16
 constexpr int64_t kPackedRows = 6;   // x rows per tile: 24 sums + 4 weight vectors in registers
-// How far ahead (bytes) a block's first tile asks for its weight into L2: the first pass over
-// a block reads it from memory, as gemv.h's rows in turn do.
-constexpr int64_t kPackedAhead = 8192;
+constexpr int64_t kLinesPerPair = 4;  // a block's pair of K: 64 columns x 2 BF16 = 4 lines
 
 #if defined(__AVX512BF16__)
 constexpr bool kHasPacked = true;
 
-// Rows [0, MR) of x against one packed block [k / 2][64][2]: out[r, 0..64).
-template <int MR, bool Prefetch>
+// Rows [0, MR) of x against one packed block [k / 2][64][2]: out[r, 0..64). Each pair of K
+// also asks for `lines` cache lines of what follows the block (the next block: blocks lie
+// one after another) into L2, from `ahead` on: the tiles over a block together fetch the next
+// one while they compute, so the first tile over it does not wait on memory.
+template <int MR>
 inline void packed_tile(const uint16_t* x, int64_t ldx, const uint16_t* block, int64_t pairs,
-                        float* out, int64_t ldo) {
+                        float* out, int64_t ldo, const char* ahead, int64_t lines) {
   __m512 acc[MR][4];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* wp = block + p * kPackedCols * 2;
-    if constexpr (Prefetch) {
-      const char* ahead = reinterpret_cast<const char*>(wp) + kPackedAhead;
-      for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T1);
-    }
+    for (int64_t line = 0; line < lines; ++line)
+      _mm_prefetch(ahead + (p * lines + line) * 64, _MM_HINT_T1);
     __m512bh w[4];
     for (int j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(wp + j * 32);
     for (int r = 0; r < MR; ++r) {
@@ -57,25 +56,27 @@ inline void packed_tile(const uint16_t* x, int64_t ldx, const uint16_t* block, i
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + j * 16, acc[r][j]);
 }
 
-template <bool Prefetch>
 inline void packed_rows(int64_t mr, const uint16_t* x, int64_t ldx, const uint16_t* block,
-                        int64_t pairs, float* out, int64_t ldo) {
+                        int64_t pairs, float* out, int64_t ldo, const char* ahead,
+                        int64_t lines) {
   switch (mr) {
-    case 6: packed_tile<6, Prefetch>(x, ldx, block, pairs, out, ldo); break;
-    case 5: packed_tile<5, Prefetch>(x, ldx, block, pairs, out, ldo); break;
-    case 4: packed_tile<4, Prefetch>(x, ldx, block, pairs, out, ldo); break;
-    case 3: packed_tile<3, Prefetch>(x, ldx, block, pairs, out, ldo); break;
-    case 2: packed_tile<2, Prefetch>(x, ldx, block, pairs, out, ldo); break;
-    default: packed_tile<1, Prefetch>(x, ldx, block, pairs, out, ldo); break;
+    case 6: packed_tile<6>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
+    case 5: packed_tile<5>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
+    case 4: packed_tile<4>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
+    case 3: packed_tile<3>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
+    case 2: packed_tile<2>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
+    default: packed_tile<1>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
   }
 }
 
-// x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_bf16 in llama_decode.py),
-// out [m, n] float32. Threads split the blocks and, with many rows, the rows too: a block's
-// weight is read from memory once by its first tile and from cache by the rest.
+// x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_pairs in
+// llama_decode.py), out [m, n] float32. Threads split the blocks and, with many rows, the rows
+// too. A work item's rows go in tiles of as even a size as six allow (32 rows: 6 x 5 + 2 x 1
+// would leave two-row tiles, which wait on their weight loads; 4 x 5 + 2 x 6 does not).
 inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
                              int64_t n, float* out) {
   const int64_t blocks = n / kPackedCols, pairs = k / 2;
+  const int64_t block_len = pairs * kPackedCols * 2;
   // Rows per work item: all of them up to 48 (a block's weight stays in L2 between tiles),
   // else chunks of 48, so prompt-sized steps spread over the threads however few blocks.
   constexpr int64_t kChunkRows = 8 * kPackedRows;
@@ -83,13 +84,16 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / chunks, r0 = (item % chunks) * kChunkRows;
-      const int64_t r1 = std::min(m, r0 + kChunkRows);
-      const uint16_t* block = packed + b * pairs * kPackedCols * 2;
-      for (int64_t r = r0; r < r1; r += kPackedRows) {
-        const int64_t mr = std::min(kPackedRows, r1 - r);
-        float* o = out + r * n + b * kPackedCols;
-        if (r == r0) packed_rows<true>(mr, x + r * k, k, block, pairs, o, n);
-        else packed_rows<false>(mr, x + r * k, k, block, pairs, o, n);
+      const int64_t rows = std::min(m, r0 + kChunkRows) - r0;
+      const int64_t tiles = (rows + kPackedRows - 1) / kPackedRows;
+      const int64_t lines = (kLinesPerPair + tiles - 1) / tiles;
+      const uint16_t* block = packed + b * block_len;
+      const char* next = reinterpret_cast<const char*>(block + block_len);
+      for (int64_t t = 0, r = r0; t < tiles; ++t) {
+        const int64_t mr = rows / tiles + (t < rows % tiles);
+        packed_rows(mr, x + r * k, k, block, pairs, out + r * n + b * kPackedCols, n,
+                    next + t * pairs * lines * 64, lines);
+        r += mr;
       }
     }
   });

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../attention/paged_decode.h"
+#include "../attention/paged_prefill.h"
 #include "elementwise.h"
 #include "gemm_packed.h"
 #include "projection.h"
@@ -93,19 +94,36 @@ class LlamaDecode {
         TORCH_CHECK(norm->scalar_type() == torch::kBFloat16 && norm->numel() == hidden_, "norm");
   }
 
-  // ids, positions, slots [m] int64; tables [m, max_blocks] int64; lens [m] int64 (the new
-  // token included); kv_cache [layers, 2, kv_heads, blocks, block_size, head_dim] bfloat16.
+  // ids, positions, slots [m] int64; kv_cache [layers, 2, kv_heads, blocks, block_size,
+  // head_dim] bfloat16. The first d = tables.size(0) rows are decodes: tables [d, max_blocks]
+  // int64, lens [d] int64 (the new token included). The rest are prompt chunks, one span each:
+  // span_tokens[i] rows, ending its sequence's context of span_context[i] tokens, whose pages
+  // are span_tables[i] (int64); their queries attend causally (paged_prefill.h).
   // Returns the final-normed hidden states [m, hidden] bfloat16.
   torch::Tensor forward(torch::Tensor ids, torch::Tensor positions, torch::Tensor slots,
-                        torch::Tensor tables, torch::Tensor lens, torch::Tensor kv_cache) {
+                        torch::Tensor tables, torch::Tensor lens, torch::Tensor kv_cache,
+                        std::vector<int64_t> span_tokens, std::vector<int64_t> span_context,
+                        std::vector<torch::Tensor> span_tables) {
     const int64_t m = ids.numel(), layers = static_cast<int64_t>(qkv_.size());
+    const int64_t decodes = tables.size(0);
     const int64_t hd = head_dim_, q_size = heads_ * hd, kv_size = kv_heads_ * hd;
     const int64_t qkv_size = q_size + 2 * kv_size;
-    for (const auto* t : {&ids, &positions, &slots, &lens})
+    for (const auto* t : {&ids, &positions, &slots})
       TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->numel() == m,
-                  "ids, positions, slots and lens: contiguous int64 [m]");
+                  "ids, positions and slots: contiguous int64 [m]");
     TORCH_CHECK(tables.scalar_type() == torch::kInt64 && tables.is_contiguous() &&
-                    tables.dim() == 2 && tables.size(0) == m, "tables: int64 [m, max_blocks]");
+                    tables.dim() == 2 && lens.scalar_type() == torch::kInt64 &&
+                    lens.is_contiguous() && lens.numel() == decodes,
+                "tables: int64 [decodes, max_blocks], lens: int64 [decodes]");
+    TORCH_CHECK(span_context.size() == span_tokens.size() &&
+                    span_tables.size() == span_tokens.size(),
+                "spans: a context length and a block table for each");
+    int64_t rows = decodes;
+    for (size_t i = 0; i < span_tokens.size(); ++i) {
+      TORCH_CHECK(span_tokens[i] > 0 && span_tokens[i] <= span_context[i], "span: tokens");
+      rows += span_tokens[i];
+    }
+    TORCH_CHECK(rows == m, "decodes and spans: one row each of the step's tokens");
     TORCH_CHECK(kv_cache.scalar_type() == torch::kBFloat16 && kv_cache.is_contiguous() &&
                     kv_cache.dim() == 6 && kv_cache.size(0) == layers &&
                     kv_cache.size(2) == kv_heads_ && kv_cache.size(5) == hd,
@@ -149,9 +167,20 @@ class LlamaDecode {
           }
         }
       });
-      edgefire::attention::decode_kernel(
-          q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
-          attn.data(), m, heads_, kv_heads_, blocks, block_size, hd, tables.size(1), scale);
+      if (decodes)
+        edgefire::attention::decode_kernel(
+            q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
+            attn.data(), decodes, heads_, kv_heads_, blocks, block_size, hd, tables.size(1),
+            scale);
+      for (int64_t i = 0, row = decodes; i < static_cast<int64_t>(span_tokens.size());
+           row += span_tokens[i++]) {
+        const auto layer_cache = kv_cache[l];
+        const auto span_q = torch::from_blob(q.data() + row * q_size,
+                                             {span_tokens[i], heads_, hd}, torch::kFloat32);
+        const auto o = edgefire::attention::prefill::paged_prefill(
+            span_q, layer_cache[0], layer_cache[1], span_tables[i], span_context[i], scale);
+        std::copy_n(o.data_ptr<float>(), span_tokens[i] * q_size, attn.data() + row * q_size);
+      }
       to_bf16(attn.data(), m * q_size, x.data());
       o_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
       add_to(h.data(), proj.data(), m * h_size);

@@ -94,6 +94,13 @@ class FusedLlamaDecode:
         self.lm_head_packed = (_reorder(weights.lm_head) if past and _is_bf16(weights.lm_head)
                                else None)
         self.lm_head_pairs = pack_pairs(self.lm_head) if pairs else _NO_PAIRS
+        # Prompt chunks too, where the pairs kernel multiplies the weights and torch's GEMM has
+        # no AMX: on Zen 4 the pairs kernel matches oneDNN's BF16 GEMM at prompt sizes, and the
+        # step saves the ~20% of a prompt chunk torch's path spends around its GEMMs (norms,
+        # rotary, SiLU·up, copies) and the Python between them. Causal attention over the pages
+        # is paged_prefill.h's, which serves head_dim 64 and 128.
+        self.takes_prompts = (pairs and all_bf16 and not has_amx()
+                              and c.head_dim in (64, 128))
 
     @classmethod
     def build(cls, config: Any, weights: Any,
@@ -118,13 +125,28 @@ class FusedLlamaDecode:
 
     def takes(self, num_tokens: int, meta: AttentionMetadata, kv_cache: torch.Tensor,
               dtype: torch.dtype, row_block: int | None) -> bool:
-        return (0 < num_tokens <= self.step_rows and not meta.prefills and row_block is None
-                and dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16)
+        if row_block is not None or dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
+            return False
+        if not meta.prefills:
+            return 0 < num_tokens <= self.step_rows
+        # Prompt chunks whose attention is causal (a whole prompt, or a later chunk at its
+        # context's end), beside at most step_rows decodes.
+        return (self.takes_prompts and meta.num_decode_tokens <= self.step_rows
+                and all(span.mask is None or span.mask_is_causal for span in meta.prefills))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
-        return self.step.forward(input_ids, positions, meta.slot_mapping,
-                                 meta.decode_block_tables, meta.decode_context_lens, kv_cache)
+        spans = meta.prefills
+        assert all(span.token_start == meta.num_decode_tokens
+                   + sum(s.num_tokens for s in spans[:i]) for i, span in enumerate(spans))
+        tables = (meta.decode_block_tables if meta.num_decode_tokens
+                  else torch.zeros((0, 1), dtype=torch.int64))
+        return self.step.forward(
+            input_ids, positions, meta.slot_mapping, tables,
+            meta.decode_context_lens[:meta.num_decode_tokens], kv_cache,
+            [span.num_tokens for span in spans],
+            [span.context_len for span in spans],
+            [span.block_table.contiguous() for span in spans])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Float32 logits of BF16 hidden rows: by the step's own kernel up to max_rows, by
