@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gemv.h"
+
 namespace edgefire::fused {
 
 constexpr int64_t kPackedCols = 64;  // output columns per packed block: four vectors of 16
@@ -78,17 +80,29 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
   const int64_t blocks = n / kPackedCols, pairs = k / 2;
   const int64_t block_len = pairs * kPackedCols * 2;
   // Rows per work item: all of them up to 48 (a block's weight stays in L2 between tiles),
-  // else chunks of 48, so prompt-sized steps spread over the threads however few blocks.
+  // else chunks of at most 48, so prompt-sized steps spread over the threads however few
+  // blocks.
   constexpr int64_t kChunkRows = 8 * kPackedRows;
-  const int64_t chunks = (m + kChunkRows - 1) / kChunkRows;
+  int64_t chunks = (m + kChunkRows - 1) / kChunkRows;
+  // Fewer blocks than make an even share each (SmolLM2's o and down: 9, qkv: 15, on two
+  // threads): with rows enough for two tiles a thread, rows are split too, so that every
+  // thread gets as many items; the block's weight is then read by each (the second time
+  // from the shared L3).
+  const int64_t threads = at::get_num_threads();
+  if (blocks % threads && m >= threads * kPackedRows) chunks = std::max(chunks, threads);
+  const int64_t chunk_rows = (m + chunks - 1) / chunks;
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / chunks, r0 = (item % chunks) * kChunkRows;
-      const int64_t rows = std::min(m, r0 + kChunkRows) - r0;
+      const int64_t b = item / chunks, r0 = (item % chunks) * chunk_rows;
+      const int64_t rows = std::min(m, r0 + chunk_rows) - r0;
+      if (rows <= 0) continue;
       const int64_t tiles = (rows + kPackedRows - 1) / kPackedRows;
       const int64_t lines = (kLinesPerPair + tiles - 1) / tiles;
       const uint16_t* block = packed + b * block_len;
-      const char* next = reinterpret_cast<const char*>(block + block_len);
+      // One tile streams its block from memory: it asks for what it reads kStreamAhead values
+      // on (gemv.h); several fetch the next block between them.
+      const char* next = reinterpret_cast<const char*>(tiles == 1 ? block + kStreamAhead
+                                                                  : block + block_len);
       for (int64_t t = 0, r = r0; t < tiles; ++t) {
         const int64_t mr = rows / tiles + (t < rows % tiles);
         packed_rows(mr, x + r * k, k, block, pairs, out + r * n + b * kPackedCols, n,
