@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from bench._common import log, machine_info, markdown_table, write_results
 from bench.roofline import measure_roofline
 from edgefire.models.fused import fused_kernels, weight_form
+from edgefire.models.fused.llama_decode import pack_pairs
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine.precision import Precision
@@ -46,16 +47,19 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
     return min(runs)
 
 
-def _forms(w: torch.Tensor) -> dict[str, tuple[list[torch.Tensor], Callable]]:
+def _forms(w: torch.Tensor, isa: str) -> dict[str, tuple[list[torch.Tensor], Callable]]:
     """Per weight form: the tensors the fused step reads, and torch's own matmul for the same
     form (BF16: the faster of oneDNN's BF16 and torch's float32 matmul, which on AVX2-only
     CPUs is the one that is fast; torch's INT8 and INT4 weight-only kernels, as the quant
-    plugin uses)."""
+    plugin uses). With AVX512-BF16, "bf16_pairs": the BF16 weight packed as pairs, which the
+    fused step multiplies there (gemm_packed.h), against oneDNN's BF16."""
     int8 = Int8Linear.quantize(w)
     bf16, fp32 = w.bfloat16(), w.bfloat16().float()
     forms = {"bf16": ([bf16], lambda x: F.linear(x, bf16)),
              "bf16_vs_torch_float32": ([bf16], lambda x: F.linear(x.float(), fp32)),
              "int8": (weight_form(int8), int8.linear)}
+    if isa == "avx512bf16":
+        forms["bf16_pairs"] = ([pack_pairs([bf16])], lambda x: F.linear(x, bf16))
     if HAS_INT4_KERNEL:  # both read torch's INT4 packing
         int4 = Int4Linear.quantize(w, 32)
         forms["int4"] = (weight_form(int4), int4.linear)
@@ -69,7 +73,9 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for name, (n, k) in SHAPES.items():
         out[name] = {"shape": [n, k], "forms": {}}
-        for form, (tensors, peer) in _forms(torch.randn(n, k) * 0.05).items():
+        for form, (tensors, peer) in _forms(torch.randn(n, k) * 0.05, kernel.isa).items():
+            matmul = (lambda x, c: kernel.linear_packed(x, c[0])) if form == "bf16_pairs" \
+                else kernel.linear
             # an INT4 form also names its packing's rows per block (an int)
             nbytes = sum(x.nbytes for x in tensors if isinstance(x, torch.Tensor))
             copies = -(-STREAM_BYTES // nbytes)
@@ -81,7 +87,7 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
             for rows in rows_list:
                 x = torch.randn(rows, k).bfloat16()
                 native = best_seconds(
-                    lambda x=x, cs=native_copies: [kernel.linear(x, c) for c in cs], reps)
+                    lambda x=x, cs=native_copies, f=matmul: [f(x, c) for c in cs], reps)
                 dense = best_seconds(
                     lambda x=x, f=peer, c=copies: [f(x) for _ in range(c)], reps)
                 per_rows[str(rows)] = {"native_gb_s": round(copies * nbytes / native / 1e9, 2),

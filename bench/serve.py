@@ -4,9 +4,10 @@ Starts `edge-node start --city fra` on a free port, then for each client count C
 requests whose arrivals follow a Poisson process at --request-rate, with at most C in flight,
 prompt and output lengths drawn from fixed ranges with a fixed seed. Streams every response
 (Workers AI SSE) to time TTFT and inter-token latency, and samples the node's CPU use.
-Then drives llama-server (llama.cpp, -np C parallel slots, --llama-variant of the GGUF) with the
-same requests at the same moments (bench/serve_peer.py), and reports edgefire/llama-server
-ratios per client count. The machine's roofline (bench/roofline.py) goes in the result too.
+Then drives llama-server (llama.cpp, -np C parallel slots) on each --llama-variants GGUF in
+turn with the same requests at the same moments (bench/serve_peer.py), and reports
+edgefire/llama-server ratios per client count against the best variant there. The machine's
+roofline (bench/roofline.py) goes in the result too.
 
 Run from the repository root: .venv/bin/python -m bench.serve [--clients 1,4,16] [--quick]
 """
@@ -52,10 +53,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="clients 1,4; 2 requests each")
     p.add_argument("--skip-llama", action="store_true", help="no llama-server peer")
     p.add_argument("--llama-bin", default=None, help="folder with llama-server")
-    p.add_argument("--llama-variant", default="q8_0", choices=[SHIPPED, *FORMATS],
-                   help="GGUF llama-server serves (default q8_0; see bench/gguf_variants.py)")
+    p.add_argument("--llama-variants", default="q8_0,bf16",
+                   help="GGUFs llama-server serves, each in turn (default q8_0,bf16; of "
+                        f"{', '.join([SHIPPED, *FORMATS])}: bench/gguf_variants.py); every "
+                        "ratio is against the best of them at that client count")
     p.add_argument("--llama-threads", type=int, default=2, help="llama-server -t")
-    return p.parse_args()
+    args = p.parse_args()
+    args.llama_variants = [v.strip() for v in args.llama_variants.split(",") if v.strip()]
+    unknown = set(args.llama_variants) - {SHIPPED, *FORMATS}
+    if unknown:
+        p.error(f"unknown llama variants: {sorted(unknown)}")
+    return args
 
 
 def start_node(port: int) -> subprocess.Popen:
@@ -123,7 +131,7 @@ def run_edgefire(levels: list[tuple[int, list[dict], list[float]]]
     return summaries, traces
 
 
-def llama_peer(args: argparse.Namespace, levels: list, traces: list) -> dict:
+def llama_peer(args: argparse.Namespace, variant: str, levels: list, traces: list) -> dict:
     if args.skip_llama:
         return {"available": False, "note": "skipped (--skip-llama)"}
     server = llama_server_bin(args.llama_bin)
@@ -136,12 +144,26 @@ def llama_peer(args: argparse.Namespace, levels: list, traces: list) -> dict:
     shipped = Path(resolve_source(Catalog.load().get_runnable(MODEL).weights))
     log_path = Path(tempfile.gettempdir()) / f"llama-server-{int(time.time())}.log"
     try:
-        gguf = ensure_variants(shipped, [args.llama_variant])[args.llama_variant]
-        return run_llama_server(server, gguf, args.llama_variant, args.llama_threads, levels,
-                                traces, log_path)
+        gguf = ensure_variants(shipped, [variant])[variant]
+        return run_llama_server(server, gguf, variant, args.llama_threads, levels, traces,
+                                log_path)
     except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
         log(f"llama-server failed: {exc!r} (log: {log_path})")
         return {"available": False, "note": f"llama-server failed: {exc!r}", "log": str(log_path)}
+
+
+def best_peer(peers: dict[str, dict]) -> dict:
+    """llama-server at its best per client count: of the variants that ran, the level with the
+    most output tok/s, naming its variant."""
+    ran = [peer for peer in peers.values() if peer.get("available", True) and peer.get("levels")]
+    if not ran:
+        return {"available": False, "note": "no llama-server variant ran",
+                "variants": sorted(peers)}
+    levels = []
+    for at_level in zip(*(peer["levels"] for peer in ran), strict=True):
+        pick = max(range(len(ran)), key=lambda i: at_level[i]["output_tok_s"])
+        levels.append({**at_level[pick], "variant": ran[pick]["variant"]})
+    return {"available": True, "variant": "best per client count", "levels": levels}
 
 
 def versus(edgefire: list[dict], peer: dict) -> dict:
@@ -153,13 +175,15 @@ def versus(edgefire: list[dict], peer: dict) -> dict:
             "output_tok_s": ratio(ours["output_tok_s"], theirs["output_tok_s"]),
             "itl_p99_ms": ratio(ours["itl_ms"]["p99"], theirs["itl_ms"]["p99"]),
             "ttft_p99_ms": ratio(ours["ttft_ms"]["p99"], theirs["ttft_ms"]["p99"]),
-            "output_tokens": [ours["output_tokens"], theirs["output_tokens"]]}
+            "output_tokens": [ours["output_tokens"], theirs["output_tokens"]],
+            "llama_variant": theirs.get("variant", peer.get("variant"))}
     return out
 
 
-def render(levels: list[dict], peer: dict, vs: dict, roof: dict) -> str:
+def render(levels: list[dict], peers: dict[str, dict], vs: dict, roof: dict) -> str:
     named = [("edgefire", r) for r in levels]
-    named += [(f"llama-server ({peer['variant']})", r) for r in peer.get("levels", [])]
+    named += [(f"llama-server ({peer['variant']})", r) for peer in peers.values()
+              for r in peer.get("levels", [])]
     named.sort(key=lambda pair: pair[1]["clients"])
     rows = [[r["clients"], name, r["requests"], r["req_s"], r["output_tok_s"],
              f"{r['ttft_ms']['p50']} / {r['ttft_ms']['p99']}",
@@ -169,8 +193,9 @@ def render(levels: list[dict], peer: dict, vs: dict, roof: dict) -> str:
                             "TTFT p50/p99 ms", "ITL p50/p99 ms", "server CPU (cores)"], rows)
     ratios = markdown_table(
         ["clients", "output tok/s (higher: edgefire ahead)", "ITL p99 (lower: edgefire ahead)",
-         "TTFT p99 (lower: edgefire ahead)"],
-        [[c, v["output_tok_s"], v["itl_p99_ms"], v["ttft_p99_ms"]] for c, v in vs.items()])
+         "TTFT p99 (lower: edgefire ahead)", "vs llama-server"],
+        [[c, v["output_tok_s"], v["itl_p99_ms"], v["ttft_p99_ms"], v["llama_variant"]]
+         for c, v in vs.items()])
     return (f"Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
             f"{roof.get('gemm_tflop_s')} {roof.get('gemm_dtype')} GEMM TFLOP/s.\n\n{table}"
             + (f"\nedgefire / llama-server:\n\n{ratios}" if vs else ""))
@@ -180,15 +205,18 @@ def main() -> None:
     args = parse_args()
     levels = make_levels(args)
     results, traces = run_edgefire(levels)
-    peer = llama_peer(args, levels, traces)
+    peers = {variant: llama_peer(args, variant, levels, traces)
+             for variant in args.llama_variants}
+    peer = best_peer(peers)
     vs = versus(results, peer)
     roof = measure_roofline()
     write_results("serve", {
         "bench": "serve", "model": MODEL, "machine": machine_info(), "roofline": roof,
         "workload": {"request_rate": args.request_rate, "prompt_words": args.prompt_words,
                      "max_tokens": args.max_tokens, "seed": args.seed, "temperature": 0.7},
-        "levels": results, "llama_server": peer, "vs_llama_server": vs,
-    }, render(results, peer, vs, roof))
+        "levels": results, "llama_servers": peers, "llama_server": peer,
+        "vs_llama_server": vs,
+    }, render(results, peers, vs, roof))
 
 
 if __name__ == "__main__":

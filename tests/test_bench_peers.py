@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as QType
 from bench.engine_report import TARGETS, compute_ratios
 from bench.gguf_variants import SHIPPED, bf16_max_error, ensure_variants
 from bench.peers import best_of
-from bench.serve import versus
+from bench.serve import best_peer, versus
 from bench.serve_peer import RequestTrace, llama_bodies, summarise
 
 TOKENS = ["<unk>", "<s>", "</s>", "hello", "world"]
@@ -163,6 +163,19 @@ def test_serve_ratios_per_client_count() -> None:
     assert vs["4"]["ttft_p99_ms"] == 2.0
     assert vs["4"]["output_tokens"] == [3, 3]
     assert versus([ours], {"available": False}) == {}
+
+
+def test_serve_ratios_take_the_best_llama_server_variant_per_client_count() -> None:
+    def level(clients: int, tok_s: float) -> dict:
+        return {"clients": clients, "output_tok_s": tok_s}
+
+    peers = {"q8_0": {"variant": "q8_0", "levels": [level(1, 60.0), level(16, 150.0)]},
+             "bf16": {"variant": "bf16", "levels": [level(1, 50.0), level(16, 170.0)]},
+             "q4_1": {"available": False, "note": "llama-server failed"}}
+    best = best_peer(peers)
+    assert [(lv["variant"], lv["output_tok_s"]) for lv in best["levels"]] == [
+        ("q8_0", 60.0), ("bf16", 170.0)]
+    assert best_peer({"q8_0": {"available": False}})["available"] is False
 
 
 def test_bf16_reference_rounds_to_nearest_even() -> None:
