@@ -159,12 +159,15 @@ def render(result: dict) -> str:
     rows = []
     for name, shape in result["shapes"].items():
         for form, entry in shape["forms"].items():
+            n, k = shape["shape"]
             for r, v in entry["per_rows"].items():
+                # each weight element is multiplied into every row: 2 * rows * n * k flops
+                gflop_s = v["native_gb_s"] / entry["bytes"] * 2 * int(r) * n * k
                 rows.append([name, "x".join(map(str, shape["shape"])), form, r,
-                             v["native_gb_s"], f"{v['native_gb_s'] / bw:.0%}", v["torch_gb_s"],
-                             v["native_vs_torch"]])
+                             v["native_gb_s"], f"{v['native_gb_s'] / bw:.0%}", round(gflop_s, 1),
+                             v["torch_gb_s"], v["native_vs_torch"]])
     shapes = markdown_table(["weight", "shape", "form", "rows", "native GB/s", "of read bw",
-                             "torch GB/s", "native/torch"], rows)
+                             "native GFLOP/s", "torch GB/s", "native/torch"], rows)
     weight_mb = result["weight_bytes"] / 1e6
     steps = markdown_table(
         ["path", "rows", "step ms", "model ms", "host overhead us", "tok/s", "weights GB/s"],
@@ -189,7 +192,7 @@ def main() -> None:
         raise SystemExit("the fused kernels are not built (make setup)")
     roofline = measure_roofline()
     log(f"roofline: {roofline}")
-    rows_list = [1, 4] if args.quick else [1, 2, 4, 8, 16]
+    rows_list = [1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64]
     shapes = shape_rates(rows_list, 3 if args.quick else 10)
     # Drafts off: each step here is exactly `rows` decode rows (bench/engine.py measures them on).
     # "auto" holds BF16 (the fused step's) and, where its batched steps use it, float32 too.

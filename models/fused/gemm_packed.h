@@ -15,6 +15,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -115,8 +116,11 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
 #else
 constexpr bool kHasPacked = false;
 
+// Never reached: Proj::set_pairs and linear_packed refuse pairs where kHasPacked is false.
 inline void gemm_packed_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
-                             float*) {}
+                             float*) {
+  TORCH_CHECK(false, "packed BF16 pairs need a build with AVX512-BF16");
+}
 #endif
 
 }  // namespace edgefire::fused
