@@ -38,6 +38,12 @@ using namespace edgefire::simd;
 // of what drafts gain on INT4; in pairs, 2, 4 and 8 rows run 1.4-1.5x faster than that. (The
 // AVX-512 count is by register budget, compiled but not yet timed.)
 constexpr int64_t kInt4Tokens = kWidth == 16 ? 4 : 2;
+constexpr int64_t kInt4Ahead = 8192;  // bytes: how far ahead a block asks for its weight
+// Columns in flight, each into sums of its own (added at the group's end): one x row's V sums
+// wait on each FMA's latency, column after column, and were the limit at one row (Xeon,
+// weight hot in cache: 17-21 GB/s at one row, 20-27 with two sets; four rows within this
+// machine's noise). AVX2 has no registers to spare for a second set.
+constexpr int kInt4Chains = kWidth == 16 ? 2 : 1;
 
 // The block of `block` rows starting at row r0 against MB rows of x (float32 [MB][k]) with
 // xsum [MB][groups], 16 bytes of each column at a time: bytes [16h, 16h + 16) hold rows
@@ -57,18 +63,28 @@ inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
     for (int j = 0; j < MB; ++j)
       for (int r = 0; r < V; ++r) vstore(out + j * n_out + r0 + row_of(r), vzero());
     for (int64_t g = 0; g < groups; ++g) {
-      vf acc[MB][V];
-      for (auto& row : acc)
-        for (auto& a : row) a = vzero();
-      for (int64_t c = g * group; c < (g + 1) * group; ++c) {
-        const uint8_t* col = wb + c * col_bytes + 16 * h;
-        vf q[V];
-        for (int s = 0; s < S; ++s) vnibbles(col + s * kWidth, q[s], q[S + s]);
-        for (int j = 0; j < MB; ++j) {
-          const vf xv = vset1(x[j * k + c]);
-          for (int r = 0; r < V; ++r) acc[j][r] = vfmadd(q[r], xv, acc[j][r]);
+      vf acc[kInt4Chains][MB][V];
+      for (auto& chain : acc)
+        for (auto& row : chain)
+          for (auto& a : row) a = vzero();
+      for (int64_t c0 = g * group; c0 < (g + 1) * group; c0 += kInt4Chains) {
+        for (int p = 0; p < kInt4Chains; ++p) {
+          const int64_t c = c0 + p;
+          const uint8_t* col = wb + c * col_bytes + 16 * h;
+          // The first pass over the block walks it in address order: it asks for the bytes
+          // kInt4Ahead on, so the next blocks stream in while this one is multiplied.
+          if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(col) + kInt4Ahead, _MM_HINT_T1);
+          vf q[V];
+          for (int s = 0; s < S; ++s) vnibbles(col + s * kWidth, q[s], q[S + s]);
+          for (int j = 0; j < MB; ++j) {
+            const vf xv = vset1(x[j * k + c]);
+            for (int r = 0; r < V; ++r) acc[p][j][r] = vfmadd(q[r], xv, acc[p][j][r]);
+          }
         }
       }
+      for (int p = 1; p < kInt4Chains; ++p)
+        for (int j = 0; j < MB; ++j)
+          for (int r = 0; r < V; ++r) acc[0][j][r] = vadd(acc[0][j][r], acc[p][j][r]);
       const uint16_t* sz = scales_zeros + (g * n + r0) * 2;
       for (int r = 0; r < V; ++r) {
         vf scale, zero;
@@ -76,7 +92,7 @@ inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
         const vf offset = vsub(zero, vmul(vset1(8.f), scale));
         for (int j = 0; j < MB; ++j) {
           float* total = out + j * n_out + r0 + row_of(r);
-          vstore(total, vfmadd(acc[j][r], scale,
+          vstore(total, vfmadd(acc[0][j][r], scale,
                                vfmadd(offset, vset1(xsum[j * groups + g]), vload(total))));
         }
       }
