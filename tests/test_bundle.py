@@ -26,6 +26,7 @@ from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.loading import load_lm
 from edgefire.runtime.tokenizer import Tokenizer
 from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
+from edgefire.runtime.weights.aligned import ALIGN
 from edgefire.runtime.weights.bundle import default_path, read_bundle, write_bundle
 from edgefire.runtime.weights.warm_cache import ENV_VAR, WarmEntry
 from tests.test_llama_parity import _run_prefill
@@ -68,6 +69,7 @@ def test_container_round_trips_bit_for_bit(toy_bundle: Path):
     for name, tensor in original.items():
         assert torch.equal(entry.weights[torch.bfloat16][name], tensor.to(torch.bfloat16))
         assert torch.equal(entry.weights[torch.float32][name], tensor.float())
+        assert entry.weights[torch.bfloat16][name].data_ptr() % ALIGN == 0
 
 
 def _truncate(path: Path) -> None:

@@ -22,6 +22,7 @@ from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.loading import LoadedLM, create_engine, load_lm
 from edgefire.runtime.tokenizer import Tokenizer
 from edgefire.runtime.tokenizer.gguf_tokenizer import _Meta
+from edgefire.runtime.weights.aligned import ALIGN
 from edgefire.runtime.weights.warm_cache import (
     ENV_VAR,
     META_FILE,
@@ -81,6 +82,7 @@ def test_entry_round_trips_memory_mapped(tmp_path: Path):
         for name, tensor in tensors.items():
             assert entry.weights[dtype][name].dtype == dtype
             assert torch.equal(entry.weights[dtype][name], tensor)
+            assert entry.weights[dtype][name].data_ptr() % ALIGN == 0
     assert entry.tokenizer.encode("hi") == [1]
     assert _is_mapped(entry.weights[torch.float32]["a"], tmp_path / "k" / WEIGHTS_FILE)
 
@@ -177,6 +179,10 @@ def test_warm_load_skips_gguf_and_decodes_identically(cache_dir: Path, monkeypat
     w = warm.model.params[torch.float32]
     assert _is_mapped(w.embed, entry / WEIGHTS_FILE)
     assert _is_mapped(w.layers[-1].down, entry / WEIGHTS_FILE)
+    # every weight on a cache line, as in the cold load (runtime/weights/aligned.py)
+    held = [w.embed, w.final_norm, *(getattr(layer, f) for layer in w.layers
+                                     for f in type(layer).__slots__)]
+    assert all(t.data_ptr() % ALIGN == 0 for t in held)
     for text in [*PROMPTS, "1234 + 5678 = 6912 ✓"]:
         assert warm.tokenizer.encode(text) == cold.tokenizer.encode(text)
     assert warm.tokenizer.stop_token_ids == cold.tokenizer.stop_token_ids

@@ -25,12 +25,12 @@ from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from edgefire.contract.errors import CorruptWeightsError
 from edgefire.runtime.plugins import load_plugins
 from edgefire.runtime.tokenizer import Tokenizer
+from edgefire.runtime.weights.aligned import aligned, save_aligned
 from edgefire.runtime.weights.codec import WeightCodec
 from edgefire.runtime.weights.warm_cache import ENV_VAR, WarmEntry, dtype_name, fsync
 
@@ -94,7 +94,7 @@ def write_bundle(path: Path, entry: WarmEntry, codec: BundleCodec, *, architectu
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        save_file(stored, tmp, metadata=metadata)
+        save_aligned(stored, tmp, metadata)
         fsync(tmp)  # the data must be on disk before the rename publishes it
         os.replace(tmp, path)
         fsync(path.parent)
@@ -145,7 +145,7 @@ def _restore(name: str, stored: torch.Tensor, info: dict[str, Any],
     if dtype_name(tensor.dtype) != info["dtype"] or list(tensor.shape) != info["shape"]:
         raise ValueError(f"tensor {name!r} decodes to {dtype_name(tensor.dtype)} "
                          f"{list(tensor.shape)}, not {info['dtype']} {info['shape']}")
-    return tensor
+    return aligned(tensor)
 
 
 def _crc32(tensor: torch.Tensor) -> int:

@@ -24,13 +24,14 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from edgefire.contract.catalog import ModelSpec
 from edgefire.runtime.tokenizer import Tokenizer
+from edgefire.runtime.weights.aligned import aligned, save_aligned
 
 # Bump when the stored layout or the conversion that produces it changes.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tensors on 64-byte boundaries (aligned.py)
 ENV_VAR = "EDGEFIRE_CACHE_DIR"
 DEFAULT_ROOT = "~/.cache/edgefire/warm"
 
@@ -113,7 +114,7 @@ def _write_entry(folder: Path, entry: WarmEntry) -> None:
     names = sorted({name for tensors in entry.weights.values() for name in tensors})
     meta = {"format_version": FORMAT_VERSION, "dtypes": [dtype_name(d) for d in entry.weights],
             "names": names, "model": entry.model_meta}
-    save_file(flat, folder / WEIGHTS_FILE)
+    save_aligned(flat, folder / WEIGHTS_FILE)
     (folder / TOKENIZER_FILE).write_text(entry.tokenizer.to_json(), encoding="utf-8")
     (folder / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
     # Data must reach the disk before the rename publishes it, or a power cut could leave a
@@ -133,7 +134,7 @@ def _read_entry(folder: Path) -> WarmEntry:
     weights: dict[torch.dtype, dict[str, torch.Tensor]] = {}
     for d in meta["dtypes"]:
         dtype = getattr(torch, d)
-        weights[dtype] = {name: flat[f"{d}/{name}"] for name in meta["names"]}
+        weights[dtype] = {name: aligned(flat[f"{d}/{name}"]) for name in meta["names"]}
         if any(t.dtype != dtype for t in weights[dtype].values()):
             raise ValueError(f"tensors stored under {d} are not {d}")
     tokenizer = Tokenizer.from_json((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
