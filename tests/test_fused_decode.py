@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode, fused_kernels, weight_form
-from edgefire.models.fused.llama_decode import pack_pairs
+from edgefire.models.fused.llama_decode import TORCH_ROW_STEP, pack_pairs
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.plugins.unweight.resident import UnweightLinear
@@ -108,6 +108,19 @@ def test_fused_step_over_torchs_gemm_matches_float32_torch_path(kernel, rows):
     rows_past = torch.randn(step.max_rows + 1, CONFIG.hidden_size).bfloat16()
     lm_head = model.params[torch.bfloat16].lm_head
     assert torch.equal(step.logits(rows_past), F.linear(rows_past, lm_head).float())
+
+
+def test_rows_reach_onednn_in_few_shapes(kernel):
+    # oneDNN keeps a kernel and buffers per row count it meets (~0.85 MB each): steps of
+    # 13-64 rows on AMX grew a soaked node's RSS by 134 MiB before rows were padded.
+    model, cache, ids, positions, meta = _case(5, torch.bfloat16)
+    step = FusedLlamaDecode.build(CONFIG, model.params[torch.bfloat16], torch_gemm_above=0)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        hidden = step.forward(ids, positions, meta, cache)
+        step.logits(torch.randn(step.max_rows + 3, CONFIG.hidden_size).bfloat16())
+    rows = [e.input_shapes[0][0] for e in prof.events() if e.name == "mkldnn::_linear_pointwise"]
+    assert len(rows) == 4 * CONFIG.num_layers + 1  # every projection of the step, the LM head
+    assert {r % TORCH_ROW_STEP for r in rows} == {0} and hidden.shape[0] == 5
 
 
 def test_step_rows_past_max_rows_only_with_amx_and_bf16_weights(monkeypatch):

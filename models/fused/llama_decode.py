@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from edgefire.contract.cpu import has_amx
 from edgefire.models.attention import AttentionMetadata
@@ -48,6 +49,7 @@ MAX_ROWS_WITHOUT_AMX = 64
 # 36.5, 57.9; with the attention prefetch in models/attention/paged_decode.h).
 MAX_STEP_ROWS_WITH_AMX = 64
 PACKED_FOR_ROWS = 32  # the row count oneDNN's layout is chosen for (any count runs on it)
+TORCH_ROW_STEP = 16  # rows go to oneDNN padded to a multiple of this (projection.h)
 
 
 def max_rows(isa: str) -> int:
@@ -162,8 +164,10 @@ class FusedLlamaDecode:
                 return self.kernel.linear_packed(hidden.contiguous(), self.lm_head_pairs)
             return self.kernel.linear(hidden.contiguous(), self.lm_head)
         if rows and self.lm_head_packed is not None:
+            # padded as Proj::torch_mm pads its rows, for the same reason (projection.h)
+            padded = F.pad(hidden, (0, 0, 0, -rows % TORCH_ROW_STEP))
             return torch.ops.mkldnn._linear_pointwise(
-                hidden.contiguous(), self.lm_head_packed, None, "none", [], "").float()
+                padded, self.lm_head_packed, None, "none", [], "")[:rows].float()
         return None
 
 

@@ -112,15 +112,24 @@ struct Proj {
   // The weight is `packed`: reordered once into oneDNN's blocked layout (as torch.compile's
   // freezing does), so oneDNN does not re-block it each call: the same products as torch.mm,
   // 1.2-1.6x its rate at 16-64 rows streamed from memory on SmolLM2's shapes (Xeon, AMX).
+  // oneDNN builds and keeps a kernel and its buffers per row count it is called with (~0.85 MB
+  // each, models/row_buckets.py): the rows are padded to a multiple of kTorchRowStep, so the
+  // 13-64 rows of AMX steps meet 4 shapes per weight, not 52. 16 is an AMX tile's rows: the
+  // padded rows ride in a tile that is multiplied anyway.
+  static constexpr int64_t kTorchRowStep = 16;
+
   void torch_mm(const std::vector<bf16>& x, int64_t m, float* out) const {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
     const int64_t n = w.size(0), k = w.size(1);
-    const auto xt = torch::from_blob(const_cast<bf16*>(x.data()), {m, k}, torch::kBFloat16);
+    const int64_t padded = (m + kTorchRowStep - 1) / kTorchRowStep * kTorchRowStep;
+    auto xt = torch::empty({padded, k}, torch::kBFloat16);
+    std::copy(x.begin(), x.begin() + m * k, xt.data_ptr<bf16>());
+    std::fill(xt.data_ptr<bf16>() + m * k, xt.data_ptr<bf16>() + padded * k, bf16(0.f));
     torch::jit::Stack stack{xt, packed, c10::IValue(), std::string("none"),
                             c10::List<std::optional<at::Scalar>>(), std::string("")};
     op.callBoxed(&stack);
-    torch::from_blob(out, {m, n}, torch::kFloat32).copy_(stack.back().toTensor());
+    torch::from_blob(out, {m, n}, torch::kFloat32).copy_(stack.back().toTensor().narrow(0, 0, m));
   }
 
   // Each tile's four rows decoded once into a per-thread buffer, then multiplied as BF16.
