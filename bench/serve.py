@@ -15,6 +15,7 @@ Run from the repository root: .venv/bin/python -m bench.serve [--clients 1,4,16]
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", default="1,4,16", help="comma list of max in-flight requests")
     p.add_argument("--requests-per-client", type=int, default=4)
-    p.add_argument("--request-rate", type=float, default=8.0, help="Poisson arrivals per second")
+    p.add_argument("--request-rate", type=float, default=8.0,
+                   help="Poisson arrivals per second; inf sends each as soon as a client is free "
+                        "(throughput at saturation: at 8/s a fast server is bound by arrivals)")
     p.add_argument("--prompt-words", default="24,160", help="uniform range of prompt words")
     p.add_argument("--max-tokens", default="32,128", help="uniform range of max_tokens")
     p.add_argument("--seed", type=int, default=0)
@@ -58,6 +61,7 @@ def parse_args() -> argparse.Namespace:
                         f"{', '.join([SHIPPED, *FORMATS])}: bench/gguf_variants.py); every "
                         "ratio is against the best of them at that client count")
     p.add_argument("--llama-threads", type=int, default=2, help="llama-server -t")
+    p.add_argument("--name", default="serve", help="result file bench/results/<name>.json")
     args = p.parse_args()
     args.llama_variants = [v.strip() for v in args.llama_variants.split(",") if v.strip()]
     unknown = set(args.llama_variants) - {SHIPPED, *FORMATS}
@@ -210,9 +214,10 @@ def main() -> None:
     peer = best_peer(peers)
     vs = versus(results, peer)
     roof = measure_roofline()
-    write_results("serve", {
+    write_results(args.name, {
         "bench": "serve", "model": MODEL, "machine": machine_info(), "roofline": roof,
-        "workload": {"request_rate": args.request_rate, "prompt_words": args.prompt_words,
+        "workload": {"request_rate": (args.request_rate if math.isfinite(args.request_rate)
+                                      else "inf"), "prompt_words": args.prompt_words,
                      "max_tokens": args.max_tokens, "seed": args.seed, "temperature": 0.7},
         "levels": results, "llama_servers": peers, "llama_server": peer,
         "vs_llama_server": vs,
