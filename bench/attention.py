@@ -36,7 +36,7 @@ def _case(chunk: int, context: int, native: bool,
     mask = None
     if chunk < context:
         mask = torch.arange(context)[None, :] <= torch.arange(context - chunk, context)[:, None]
-    backend = TorchPagedAttention(HEADS, KV_HEADS, HEAD_DIM, native=native)
+    backend = TorchPagedAttention(HEADS, KV_HEADS, HEAD_DIM, native=native, native_prefill=native)
     k_cache, v_cache = cache[0], cache[1]
     if not native:  # the backend's SDPA path: gather the pages, then attend
         return lambda: backend._prefill(q, k_cache, v_cache, table, context, mask)
@@ -80,6 +80,9 @@ def main() -> None:
     result = {"bench": "attention", "shape": {"heads": HEADS, "kv_heads": KV_HEADS,
                                               "head_dim": HEAD_DIM, "block_size": BLOCK,
                                               "dtype": "bfloat16"},
+              # what TorchPagedAttention runs prompts with on this CPU when not told
+              "default_prompt_path": ("native" if TorchPagedAttention(
+                  HEADS, KV_HEADS, HEAD_DIM).prefill_kernel is not None else "sdpa"),
               "threads": 2, "rounds": ROUNDS, "calls_per_round": CALLS,
               "machine": machine_info(), "cases": rows}
     markdown = markdown_table(

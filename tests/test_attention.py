@@ -7,7 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgefire.models.attention import AttentionMetadata, PrefillSpan, TorchPagedAttention
+from edgefire.models.attention import (
+    AttentionMetadata,
+    PrefillSpan,
+    TorchPagedAttention,
+    torch_paged,
+)
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel, paged_prefill_kernel
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK = 6, 2, 32, 24, 4
@@ -183,7 +188,7 @@ def test_backend_prefill_paths_agree(native):
     meta = AttentionMetadata(torch.cat([sl[c:] for sl, c in zip(slots, cached, strict=True)]), 0,
                              torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long),
                              torch.zeros(1, 0, 1, 0).bool(), spans)
-    backend = TorchPagedAttention(heads, kv_heads, head_dim, native=native)
+    backend = TorchPagedAttention(heads, kv_heads, head_dim, native=native, native_prefill=native)
     if native:
         assert backend.prefill_kernel is not None or paged_prefill_kernel() is None
     out = backend.forward(torch.cat([q[c:] for q, c in zip(qs, cached, strict=True)]),
@@ -195,3 +200,16 @@ def test_backend_prefill_paths_agree(native):
         is_causal=True, enable_gqa=True)[0].transpose(0, 1)[c:].reshape(len(q) - c, -1)
         for q, k, v, c in zip(qs, ks, vs, cached, strict=True)]
     torch.testing.assert_close(out, torch.cat(expected), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_prompts_take_sdpa_on_amx_by_default(monkeypatch, amx):
+    # On AMX, SDPA over the gathered pages is faster than the native causal kernel at every
+    # chunk bench/attention.py measures; elsewhere the native kernel is.
+    _prefill_kernel()
+    monkeypatch.setattr(torch_paged, "has_amx", lambda: amx)
+    backend = TorchPagedAttention(9, 3, 64)  # the prefill kernel takes head_dim 64 and 128
+    assert (backend.prefill_kernel is None) is amx
+    assert backend.kernel is not None  # decode keeps its native kernel either way
+    forced = TorchPagedAttention(9, 3, 64, native_prefill=True)
+    assert forced.prefill_kernel is not None

@@ -172,6 +172,16 @@ def test_greedy_is_argmax() -> None:
     assert sampler(logits.clone(), seqs) == expected
 
 
+def test_greedy_takes_the_first_of_tied_maxima() -> None:
+    # BF16 logits tie often; argmax's rule (the lowest index) keeps greedy output reproducible
+    # against the references the parity tests compare with.
+    logits = torch.zeros(2, 49152)
+    logits[0, [7, 3, 40000]] = 2.0
+    logits[1, [45000, 20000]] = 1.0
+    seqs = [make_seq(SamplingParams(temperature=0)) for _ in range(2)]
+    assert Sampler()(logits, seqs) == [3, 20000]
+
+
 def test_greedy_row_in_a_sampled_batch() -> None:
     sampler = Sampler()
     logits = random_logits(8, rows=3, scale=0.1)

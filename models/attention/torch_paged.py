@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgefire.contract.cpu import has_amx
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel, paged_prefill_kernel
 from edgefire.models.attention.metadata import AttentionMetadata
 
@@ -17,10 +18,15 @@ class TorchPagedAttention:
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
-                 native: bool = True) -> None:
+                 native: bool = True, native_prefill: bool | None = None) -> None:
         # The native kernels read K/V in place; SDPA over gathered pages is the fallback.
         self.kernel = paged_decode_kernel() if native else None
-        prefill = paged_prefill_kernel() if native else None
+        # Prompts: by default the native causal kernel, except on AMX, where SDPA (oneDNN's
+        # BF16 attention on AMX tiles) over the gathered pages is faster at every chunk
+        # measured, gather included (bench/attention.py on a 2-core Xeon: native 0.45-0.9x).
+        if native_prefill is None:
+            native_prefill = native and not has_amx()
+        prefill = paged_prefill_kernel() if native_prefill else None
         self.prefill_kernel = (prefill if prefill is not None and prefill.vectorized
                                and head_dim in (64, 128) else None)
         self.num_heads = num_heads
