@@ -7,7 +7,7 @@ one matmul each, which matters at decode batch sizes where per-op overhead domin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -115,6 +115,15 @@ class LlamaWeights:
         return cls(embed, weights["final_norm"].to(dtype), lm_head, layers, rotary.to(dtype))
 
 
+@dataclass(slots=True)
+class TensorShard:
+    """What a tensor-parallel rank's model adds to its forward pass (models/tensor_parallel):
+    the sum over ranks of its partial outputs, and the vocabulary rows it holds."""
+
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    vocab: range = field(default_factory=lambda: range(0))
+
+
 class PagedGQADecoder:
     """What a grouped-query decoder over the paged cache keeps beside its weights (Llama and
     Llama 4): the compute dtypes, the attention backend and the K/V page layout."""
@@ -158,6 +167,7 @@ class LlamaForCausalLM(PagedGQADecoder):
         self.fused_decode = True
         self._fused: FusedLlamaDecode | None = None
         self._fused_built = False
+        self.shard: TensorShard | None = None  # a tensor-parallel rank's (tensor_parallel.py)
 
     def batch_invariant_decode_rows(self, dtype: torch.dtype) -> int:
         """How many decode rows a step of this dtype computes each independently of the others
@@ -234,13 +244,27 @@ class LlamaForCausalLM(PagedGQADecoder):
     def _forward_torch(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype,
                        row_block: int | None) -> torch.Tensor:
+        h = self.embed_tokens(input_ids, dtype)
+        h = self.run_layers(h, positions, meta, kv_cache, dtype, row_block)
+        return self.final_norm(h)
+
+    # A pipeline stage runs a part of these (models/pipeline_parallel.py): the first embeds,
+    # every stage runs its layers on the residual stream, the last normalises it.
+    def embed_tokens(self, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The residual stream's first value: each token's embedding row, in dtype."""
+        return self._embed(input_ids, self.params[dtype], dtype)
+
+    def run_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                   kv_cache: torch.Tensor, dtype: torch.dtype, row_block: int | None = None,
+                   layers: range | None = None) -> torch.Tensor:
+        """The residual stream h after every layer this model holds (kv_cache: theirs), or
+        after those in `layers` alone."""
         c = self.config
         w = self.params[dtype]
         eps = c.rms_norm_eps
-        h = (F.embedding(input_ids, w.embed) if isinstance(w.embed, torch.Tensor)
-             else w.embed.rows(input_ids, dtype))
         n = h.shape[0]
-        for i, layer in enumerate(w.layers):
+        for i in layers or range(len(w.layers)):
+            layer = w.layers[i]
             x = F.rms_norm(h, (c.hidden_size,), layer.attn_norm, eps)
             qkv = _linear(x, layer.qkv, row_block)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
@@ -248,15 +272,38 @@ class LlamaForCausalLM(PagedGQADecoder):
                             k.view(n, c.num_kv_heads, c.head_dim))
             attn = self.attention.forward(q, k, v.view(n, c.num_kv_heads, c.head_dim),
                                           kv_cache[i], meta)
-            h = h + _linear(attn, layer.o, row_block)
+            h = h + self._reduced(_linear(attn, layer.o, row_block))
             x = F.rms_norm(h, (c.hidden_size,), layer.mlp_norm, eps)
             gate, up = _linear(x, layer.gate_up, row_block).chunk(2, dim=-1)
-            h = h + _linear(F.silu(gate) * up, layer.down, row_block)
-        return F.rms_norm(h, (c.hidden_size,), w.final_norm, eps)
+            h = h + self._reduced(_linear(F.silu(gate) * up, layer.down, row_block))
+        return h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden states the LM head reads: the residual stream after the final norm."""
+        return F.rms_norm(h, (self.config.hidden_size,), self.params[h.dtype].final_norm,
+                          self.config.rms_norm_eps)
+
+    def _embed(self, input_ids: torch.Tensor, w: LlamaWeights, dtype: torch.dtype
+               ) -> torch.Tensor:
+        if self.shard is not None:
+            # A rank holds the rows of its vocabulary slice: the others' tokens read as zeros
+            # and the all-reduce brings each row from the rank that holds it.
+            vocab = self.shard.vocab
+            local = input_ids - vocab.start
+            held = (local >= 0) & (local < len(vocab))
+            rows = F.embedding(local.clamp(0, len(vocab) - 1), w.embed) * held[:, None]
+            return self.shard.all_reduce(rows)
+        return (F.embedding(input_ids, w.embed) if isinstance(w.embed, torch.Tensor)
+                else w.embed.rows(input_ids, dtype))
+
+    def _reduced(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output summed over the ranks (as it is on one)."""
+        return partial if self.shard is None else self.shard.all_reduce(partial)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, row_block: int | None = None) -> torch.Tensor:
-        """Float32 logits [rows, vocab], using the lm_head of hidden's dtype."""
+        """Float32 logits [rows, vocab], using the lm_head of hidden's dtype (a tensor-parallel
+        rank's: the columns of its vocabulary slice)."""
         fused = self._fused_step()
         if fused is not None and hidden.dtype == torch.bfloat16 and row_block is None:
             logits = fused.logits(hidden)

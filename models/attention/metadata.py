@@ -50,3 +50,36 @@ def split_decodes(meta: AttentionMetadata) -> tuple[AttentionMetadata, Attention
         meta.decode_mask[:, :0],
         [dataclasses.replace(span, token_start=span.token_start - n) for span in meta.prefills])
     return decodes, prompts
+
+
+def micro_batches(meta: AttentionMetadata, parts: int) -> list[tuple[range, AttentionMetadata]]:
+    """A step cut into at most `parts` runs of its rows, each with the metadata of a step of
+    its own (a pipeline stage works on one while the next stage works on the one before).
+    Runs hold about as many rows each; decodes split anywhere, a prompt chunk stays whole.
+    Computed one after another in order, they write and read the cache as the whole step does:
+    a later run's queries see the K/V an earlier run of the same step wrote."""
+    d = meta.num_decode_tokens
+    # the step's rows as units that may not be cut: one per decode, one per prompt chunk
+    units = [(r, r + 1) for r in range(d)]
+    units += [(s.token_start, s.token_start + s.num_tokens) for s in meta.prefills]
+    total = units[-1][1] if units else 0
+    cuts: list[range] = []
+    start = 0
+    for i, (_, end) in enumerate(units):
+        runs_left = parts - len(cuts)
+        if i == len(units) - 1 or runs_left > 1 and end - start >= (total - start) / runs_left:
+            cuts.append(range(start, end))
+            start = end
+    return [(rows, _slice(meta, rows)) for rows in cuts]
+
+
+def _slice(meta: AttentionMetadata, rows: range) -> AttentionMetadata:
+    d = meta.num_decode_tokens
+    decodes = range(min(rows.start, d), min(rows.stop, d))
+    return AttentionMetadata(
+        meta.slot_mapping[rows.start:rows.stop], len(decodes),
+        meta.decode_block_tables[decodes.start:decodes.stop],
+        meta.decode_context_lens[decodes.start:decodes.stop],
+        meta.decode_mask[:, decodes.start:decodes.stop],
+        [dataclasses.replace(span, token_start=span.token_start - rows.start)
+         for span in meta.prefills if span.token_start in rows])

@@ -49,7 +49,7 @@ class AsyncEngine:
         a KV store, the prompt's prefix is first looked up there, on a worker thread; `pages`
         handed over by a prefill node (LLMEngine.install_pages) replace that lookup.
         """
-        if self._error is not None or self._stopped:
+        if self.dead or self._stopped:
             raise EngineFailedError()
         if request_id in self._streams:
             raise InvalidInputError(f"request id {request_id!r} is already running",
@@ -89,8 +89,9 @@ class AsyncEngine:
 
     @property
     def dead(self) -> bool:
-        """The engine stopped on a failure it could not contain: it serves no more."""
-        return self._error is not None
+        """The engine stopped on a failure it could not contain, or its model is lost (a
+        parallel layout's worker died, maybe while idle): it serves no more."""
+        return self._error is not None or self.engine.model_lost
 
     @property
     def degraded(self) -> bool:

@@ -76,6 +76,12 @@ class StepFailedError(RuntimeError):
         self.request_ids = request_ids
 
 
+class ModelLostError(RuntimeError):
+    """The model can run no more steps (a worker process of a parallel layout died or stopped
+    answering). Unlike a failed step, the engine cannot go on: every request in flight fails
+    and the node loads the model again on its next request."""
+
+
 class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, config: EngineConfig,
                  vocab_size: int, create_pool: KVBackendFactory) -> None:
@@ -159,9 +165,17 @@ class LLMEngine:
         """The leading records that are whole pages of hashes (a prefill node's answer)."""
         return kv_pages.accept(self.page_layout, hashes, records)[0]
 
+    @property
+    def model_lost(self) -> bool:
+        """Whether the model can run no more steps (a parallel layout's worker died)."""
+        return bool(getattr(self.runner.model, "lost", False))
+
     def close(self) -> None:
         if self.remote is not None:
             self.remote.close()
+        close_model = getattr(self.runner.model, "close", None)
+        if close_model is not None:  # a parallel layout's worker processes
+            close_model()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, salt: bytes = b"") -> Sequence:
@@ -228,7 +242,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step. If running the batch raises, its requests are dropped and
         StepFailedError names them; a failure anywhere else (scheduling, or dropping them)
-        leaves the engine in an unknown state and propagates as it is."""
+        leaves the engine in an unknown state and propagates as it is, as does ModelLostError."""
         self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         self._withdraw_unverified(batch)
@@ -236,6 +250,8 @@ class LLMEngine:
             return []
         try:
             return self._run(batch)
+        except ModelLostError:
+            raise
         except Exception as exc:
             # Each sequence is finished whole: KV written this step belongs to its own blocks
             # (shared prefix blocks are never written) and is freed with them.
