@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,14 @@ class Experts:
         return out
 
 
+class Dispatch(Protocol):
+    """Runs a MoE block's routed experts where they live (models/expert_parallel.py): this
+    rank holds some of them, the other ranks the rest."""
+
+    def __call__(self, moe: MoE, x: torch.Tensor, routing: Routing,
+                 linear: Linear) -> torch.Tensor: ...
+
+
 @dataclass(slots=True)
 class MoE:
     """A routed-experts block with an optional always-on shared expert (DeepSeek-V3 layout).
@@ -130,9 +139,13 @@ class MoE:
     shared: SwiGLU | None
     spec: RouterSpec
     scale_inputs: bool = False  # Llama 4: each expert sees score * x, its output unweighted
+    # Expert parallel: `experts` holds this rank's experts only, dispatch reaches the rest.
+    dispatch: Dispatch | None = None
 
     def __call__(self, x: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
         routing = route(linear(x.float(), self.router), self.spec, self.bias)
+        if self.dispatch is not None:
+            return self.dispatch(self, x, routing, linear)
         out = self.experts(x, routing, self.scale_inputs, linear)
         return out if self.shared is None else out + self.shared(x, linear)
 

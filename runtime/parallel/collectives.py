@@ -72,6 +72,29 @@ class Collectives:
             return None
         return torch.cat([p[:, :w] for p, w in zip(parts, widths, strict=True)], dim=1)
 
+    def all_to_all(self, rows: torch.Tensor, send_counts: list[int],
+                   recv_counts: list[int]) -> torch.Tensor:
+        """rows [sum(send_counts), ...] sent in runs to ranks 0, 1, …; the runs received."""
+        out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
+        self._run(lambda: self._group.alltoall_base(out, rows.contiguous(), recv_counts,
+                                                    send_counts, dist.AllToAllOptions()),
+                  "all-to-all")
+        return out
+
+    def exchange_counts(self, counts: list[int]) -> list[int]:
+        """counts[r]: rows this rank sends rank r; returns the rows each rank sends it."""
+        ones = [1] * self.world_size
+        return self.all_to_all(torch.tensor(counts), ones, ones).tolist()
+
+    def all_gather_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Every rank's rows (rank r has counts[r]) stacked in rank order, on every rank;
+        each travels padded to the most (Gloo gathers tensors of one shape)."""
+        most = max(counts)
+        padded = torch.nn.functional.pad(rows, (0, 0, 0, most - rows.shape[0]))
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        self._run(lambda: self._group.allgather([parts], [padded]), "all-gather")
+        return torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work:
         """Start sending tensor to rank dst; finish() it (the tensor must live till then)."""
         return self._group.send([tensor], dst, tag)

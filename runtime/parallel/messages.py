@@ -21,7 +21,6 @@ class Forward:
     positions: torch.Tensor
     meta: AttentionMetadata
     dtype: torch.dtype
-    row_block: int | None
     kv_blocks: int  # the root's pool: each rank holds as many blocks, of its own heads
     block_size: int
 
@@ -29,7 +28,6 @@ class Forward:
 @dataclass(slots=True)
 class Logits:
     hidden: torch.Tensor  # the rows to sample, as the root holds them
-    row_block: int | None
 
 
 @dataclass(slots=True)

@@ -47,8 +47,7 @@ class PipelineRank:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: torch.Tensor,
-                dtype: torch.dtype | None = None, row_block: int | None = None
-                ) -> torch.Tensor | None:
+                dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """On the root, the step's final hidden states (every stage run); elsewhere None."""
         dtype = dtype or self.dtypes[0]
         width = self.stage.config.hidden_size
@@ -64,7 +63,7 @@ class PipelineRank:
                                    tag)
             started = time.perf_counter()
             h = self.stage.run_layers(h, positions[rows.start:rows.stop], part, kv_cache,
-                                      dtype, row_block)
+                                      dtype)
             if last:
                 h = self.stage.final_norm(h)
             self.compute_s += time.perf_counter() - started
@@ -77,8 +76,6 @@ class PipelineRank:
         self.comm.finish([work for _, work in sends])
         return out
 
-    def compute_logits(self, hidden: torch.Tensor,
-                       row_block: int | None = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """On the root, which holds the LM head."""
-        blocks = {} if row_block is None else {"row_block": row_block}
-        return self.stage.compute_logits(hidden, **blocks)
+        return self.stage.compute_logits(hidden)

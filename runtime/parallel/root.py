@@ -144,23 +144,21 @@ class ParallelLM:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: torch.Tensor,
-                dtype: torch.dtype | None = None, row_block: int | None = None
-                ) -> torch.Tensor:
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        # No row_block: deterministic mode's fixed row blocks are a one-process feature (the
+        # engine refuses such requests for a model whose forward does not take them).
         dtype = dtype or self.shard.dtypes[0]
-        self._broadcast(messages.Forward(input_ids, positions, meta, dtype, row_block,
+        self._broadcast(messages.Forward(input_ids, positions, meta, dtype,
                                          *self._pool_geometry(kv_cache)))
-        return self._guarded(self.shard.forward, input_ids, positions, meta, kv_cache, dtype,
-                             **({} if row_block is None else {"row_block": row_block}))
+        return self._guarded(self.shard.forward, input_ids, positions, meta, kv_cache, dtype)
 
-    def compute_logits(self, hidden: torch.Tensor,
-                       row_block: int | None = None) -> torch.Tensor:
-        blocks = {} if row_block is None else {"row_block": row_block}
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.widths is None:
-            return self._guarded(self.shard.compute_logits, hidden, **blocks)
+            return self._guarded(self.shard.compute_logits, hidden)
         if not hidden.shape[0]:  # a step of prompt chunks that end no prompt: nothing to sample
             return torch.empty(0, sum(self.widths))
-        self._broadcast(messages.Logits(hidden, row_block))
-        part = self._guarded(self.shard.compute_logits, hidden, **blocks)
+        self._broadcast(messages.Logits(hidden))
+        part = self._guarded(self.shard.compute_logits, hidden)
         logits = self._guarded(self.comm.gather_columns, part, self.widths)
         assert logits is not None  # the root gathers
         return logits

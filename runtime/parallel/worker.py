@@ -74,9 +74,9 @@ def _serve(args: WorkerArgs, conn: Connection) -> None:
                     if kv_cache is None or kv_cache.shape != shape:
                         kv_cache = torch.zeros(shape, dtype=model.kv_dtype)
                     model.forward(message.input_ids, message.positions, message.meta, kv_cache,
-                                  message.dtype, **_blocks(message.row_block))
+                                  message.dtype)
                 case messages.Logits():
-                    part = model.compute_logits(message.hidden, **_blocks(message.row_block))
+                    part = model.compute_logits(message.hidden)
                     comm.gather_columns(part, args.logit_widths)
                 case messages.Close():
                     return
@@ -87,6 +87,3 @@ def _load_shard(args: WorkerArgs, comm: Collectives) -> CausalLM:
     loaded = load_lm(args.spec, args.precision)
     return strategy.shard(loaded.model, args.rank, args.layout, comm, args.plan)
 
-
-def _blocks(row_block: int | None) -> dict[str, int]:
-    return {} if row_block is None else {"row_block": row_block}

@@ -13,7 +13,8 @@ from edgefire.runtime.plugins import hookspecs
 ENTRY_POINT_GROUP = "edgefire.node"
 DEFAULT_PLUGINS = tuple(f"edgefire.plugins.{name}" for name in (
     "llama", "llama4", "deepseek_v3", "bert", "local_paged", "redis_kv", "kv_codecs",
-    "identity_codec", "unweight", "quant", "tensor_parallel", "pipeline_parallel"))
+    "identity_codec", "unweight", "quant", "tensor_parallel", "pipeline_parallel",
+    "expert_parallel"))
 
 
 class NodePluginHost(PluginHost):
