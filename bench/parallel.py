@@ -1,5 +1,5 @@
-"""Parallel layouts on SmolLM2-135M: one process against tensor and pipeline parallel over two
-(Gloo).
+"""Parallel layouts: SmolLM2-135M in one process against tensor and pipeline parallel over two
+(Gloo), and the Kimi K2.5 miniature in one process against expert parallel over two.
 
 Four rows, each on the machine's two cores: tp=1 as a node runs it (its fused native decode
 step), tp=1 through torch's layers (the path every rank of a layout runs: the fused step has
@@ -10,7 +10,9 @@ drafts off, the steps after every request's first token); for the layouts, the r
 time in collectives per decode step and per token: tp=2's two all-reduces a layer, the
 embedding's and the logits' gather; pp=2's sends and receives, where the root's waiting on
 the other stage is the pipeline's bubble as the root sees it. On two CPU cores neither
-layout pays: the aim is their honest overhead.
+layout pays: the aim is their honest overhead. The Kimi miniature's rows (ep=1, ep=2) are
+the same measures; ep=2's collectives are each MoE block's count exchange, two all-to-alls
+and all-gather.
 
 Run from the repository root: .venv/bin/python -m bench.parallel
 Output as every bench writes it (bench/_common.py): progress on stderr, one JSON object last
@@ -41,16 +43,18 @@ from edgefire.runtime import LLM, EngineConfig, SamplingParams  # noqa: E402
 from edgefire.runtime.parallel.root import ParallelLM  # noqa: E402
 
 MODEL = "@cf/huggingfacetb/smollm2-135m-instruct"
+MOE = "@cf/moonshotai/kimi-k2.5"
 PREFILL = (8, 256)  # prompts, tokens each
 DECODE_PROMPT, NEW_TOKENS = 64, 64
 
 
 def _catalog() -> Catalog:
     catalog = Catalog.load()
-    spec = catalog.get_runnable(MODEL)
+    layouts = [(MODEL, "tp"), (MODEL, "pp"), (MOE, "ep")]
     return Catalog([*catalog.specs, *(
-        replace(spec, id=f"{MODEL}-{axis}2", aliases=(),
-                extra={**spec.extra, "parallel": {axis: 2}}) for axis in ("tp", "pp"))])
+        replace(spec, id=f"{model}-{axis}2", aliases=(),
+                extra={**spec.extra, "parallel": {axis: 2}})
+        for model, axis in layouts for spec in [catalog.get_runnable(model)])])
 
 
 def _drive(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -88,12 +92,13 @@ def _collectives(llm: LLM) -> tuple[float, int]:
     return (model.comm.seconds, model.comm.calls) if isinstance(model, ParallelLM) else (0.0, 0)
 
 
-def _measure(llm: LLM, name: str) -> dict:
+def _measure(llm: LLM, name: str, model: str = MODEL) -> dict:
     encode = llm.tokenizer.encode
     _drive(llm, make_prompts(encode, [64, 32], 9, f"warm-{name}"), 4)
     prefill = make_prompts(encode, [PREFILL[1]] * PREFILL[0], 1, f"pf-{name}")
     run = _drive(llm, prefill, 1)
-    row: dict = {"layout": name, "prefill_tok_s": rate(PREFILL[0] * PREFILL[1], run["wall_s"])}
+    row: dict = {"model": model, "layout": name,
+                 "prefill_tok_s": rate(PREFILL[0] * PREFILL[1], run["wall_s"])}
     for c in (1, 8):
         run = _drive(llm, make_prompts(encode, [DECODE_PROMPT] * c, 2 + c, f"d{c}-{name}"),
                      NEW_TOKENS)
@@ -116,29 +121,34 @@ def main() -> None:
     catalog = _catalog()
     config = EngineConfig(kv_cache_bytes=512 << 20, speculative="off")
     rows = []
+    # One process first, on both cores: a layout pins this process to one core for good.
     torch.set_num_threads(2)
     llm = LLM(MODEL, engine_config=config, catalog=catalog)
     rows.append(_measure(llm, "tp=1 (fused step)"))
     llm.model.fused_decode = False
     rows.append(_measure(llm, "tp=1 (torch layers)"))
     llm.engine.close()
-    for axis in ("tp", "pp"):
-        llm = LLM(f"{MODEL}-{axis}2", engine_config=config, catalog=catalog)
-        rows.append(_measure(llm, f"{axis}=2"))
+    llm = LLM(MOE, engine_config=config, catalog=catalog)
+    rows.append(_measure(llm, "ep=1", MOE))
+    llm.engine.close()
+    for model, axis in ((MODEL, "tp"), (MODEL, "pp"), (MOE, "ep")):
+        llm = LLM(f"{model}-{axis}2", engine_config=config, catalog=catalog)
+        rows.append(_measure(llm, f"{axis}=2", model))
         stage = getattr(llm.engine.runner.model.shard, "stage", None)
         if stage is not None:  # the balancer's cut: the root's layers, the rest on rank 1
             rows[-1]["root_layers"] = stage.config.num_layers
         llm.engine.close()
-    result = {"bench": "parallel", "model": MODEL, "machine": machine_info(),
+    result = {"bench": "parallel", "models": [MODEL, MOE], "machine": machine_info(),
               "workload": {"prefill": {"prompts": PREFILL[0], "tokens": PREFILL[1]},
                            "decode": {"prompt_tokens": DECODE_PROMPT,
                                       "new_tokens": NEW_TOKENS, "concurrency": [1, 8]}},
               "backend": "gloo", "pinned": True, "rows": rows}
     markdown = markdown_table(
-        ["layout", "prefill tok/s", "C=1 decode tok/s", "C=8 decode tok/s",
+        ["model", "layout", "prefill tok/s", "C=1 decode tok/s", "C=8 decode tok/s",
          "C=1 collectives µs/step", "C=1 share of decode", "C=8 collectives µs/token",
          "collectives µs/call (C=1)"],
-        [[r["layout"], r["prefill_tok_s"], r["c1_decode_tok_s"], r["c8_decode_tok_s"],
+        [[r["model"].split("/")[-1], r["layout"], r["prefill_tok_s"], r["c1_decode_tok_s"],
+          r["c8_decode_tok_s"],
           r.get("c1_collectives", {}).get("us_per_step"),
           r.get("c1_collectives", {}).get("share_of_decode"),
           r.get("c8_collectives", {}).get("us_per_token"),
