@@ -244,3 +244,19 @@ def test_unknown_codec_kv_dtype_and_architecture_are_typed_errors():
     with pytest.raises(PlanningError, match="unknown precision 'int4'") as caught:
         small("deepseek_v3", {**DSV3, "routed_expert_dtype": "int4"})
     assert caught.value.field == "routed_expert_dtype"
+
+
+def test_expert_parallel_splits_only_the_routed_experts():
+    gpus = GpuSet.parse("8xH100")
+    assert Layout.parse("ep8") == Layout(1, 1, 8) and str(Layout(1, 1, 8)) == "ep8"
+    assert Layout.parse("tp2ep4") == Layout(2, 1, 4) and str(Layout(2, 1, 4)) == "tp2×ep4"
+    tp, ep = plan_layout(real(KIMI), gpus, Layout(8, 1)), plan_layout(real(KIMI), gpus,
+                                                                     Layout(1, 1, 8))
+    whole = plan_layout(real(KIMI), GpuSet.parse("8xH100"), Layout(1, 8)).weight_bytes
+    # ep8 holds an eighth of the experts but all of attention and the rest on every device:
+    # more per device than tp8, which splits both; its KV is every layer's, as tp8's (MLA)
+    assert tp.weight_bytes_per_device < ep.weight_bytes_per_device < whole
+    assert ep.stages[0].kv_bytes_per_token == tp.stages[0].kv_bytes_per_token
+    assert ep.weight_bytes == ep.weight_bytes_per_device * 8
+    with pytest.raises(PlanningError, match="needs 16 devices"):
+        plan_layout(real(KIMI), gpus, Layout(2, 1, 8))

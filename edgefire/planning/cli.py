@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a GPU set such as 8xH100 (repeatable); without it: which sets host")
     p.add_argument("--codec", help="weight codec (default: the catalog entry's)")
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
-    p.add_argument("--layout", help="tp8, pp8, tp4pp2, … (default: the best that fits)")
+    p.add_argument("--layout", help="tp8, pp8, ep8, tp4pp2, … (default: the best that fits)")
     p.add_argument("--seqs", type=int, default=1,
                    help="sequences whose chunked-local KV is set aside (Llama 4)")
     p.add_argument("--table", action="store_true", help="the table of every catalog model")

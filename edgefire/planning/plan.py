@@ -1,12 +1,17 @@
-"""Plans: a model on a GPU set in a layout (tensor × pipeline parallel), per device weights,
-reserve and KV memory, and the resulting token capacity; the best layout; the sets that host.
+"""Plans: a model on a GPU set in a layout (tensor × pipeline × expert parallel), per device
+weights, reserve and KV memory, and the resulting token capacity; the best layout; the sets
+that host.
 
 Layout rules, as Infire splits large models (PP and TP together, stages load-balanced):
 - tensor parallelism (tp) shards projections by heads or channels, embeddings by vocabulary and
   experts across ranks; norms and routers are replicated. GQA K/V split by KV head (a rank
   keeps at least one); MLA's latent is shared by all heads, so every rank keeps it whole;
 - pipeline parallelism (pp) gives each stage contiguous layers, balanced by weight bytes, the
-  embeddings to the first stage and the LM head to the last; a stage keeps only its layers' KV.
+  embeddings to the first stage and the LM head to the last; a stage keeps only its layers' KV;
+- expert parallelism (ep) splits the routed experts over ep ranks (within each tensor-parallel
+  shard) and replicates everything else, attention and its KV included, as the node's ep
+  strategy does (plugins/expert_parallel.py). The best-layout search leaves it out: on these
+  devices tp frees at least as much memory per device, since it also splits attention.
 A token needs KV on every stage, so capacity is the smallest any device allows.
 """
 
@@ -26,7 +31,7 @@ from edgefire.planning.model import (
 )
 from edgefire.planning.precisions import kv_element_bytes
 from edgefire.planning.reserve import GPU_RESERVE, Reserve
-from edgefire.planning.shapes import Layer
+from edgefire.planning.shapes import Layer, Weights
 
 # A site hosts a model when its KV holds at least this many tokens (or one full context
 # window, if shorter): room for one long request, below which it could not serve real traffic.
@@ -37,24 +42,29 @@ MIN_HOST_TOKENS = 32768
 class Layout:
     tp: int
     pp: int
+    ep: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.ep
 
     @classmethod
     def parse(cls, text: str) -> Layout:
-        """`tp8`, `pp2`, `tp4pp2` (either order)."""
-        parts = {"tp": 1, "pp": 1}
+        """`tp8`, `pp2`, `ep8`, `tp4pp2` (any order)."""
+        parts = {"tp": 1, "pp": 1, "ep": 1}
         rest = text.strip().lower().replace("×", "").replace("x", "")
         while rest:
             key, rest = rest[:2], rest[2:]
             digits = len(rest) - len(rest.lstrip("0123456789"))
             if key not in parts or not digits:
-                raise PlanningError(f"layout {text!r} is not like tp8, pp2 or tp4pp2",
+                raise PlanningError(f"layout {text!r} is not like tp8, pp2, ep8 or tp4pp2",
                                     field="layout")
             parts[key], rest = int(rest[:digits]), rest[digits:]
-        return cls(parts["tp"], parts["pp"])
+        return cls(parts["tp"], parts["pp"], parts["ep"])
 
     def __str__(self) -> str:
-        return "×".join(f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp)) if v > 1) \
-            or "tp1"
+        axes = (("tp", self.tp), ("pp", self.pp), ("ep", self.ep))
+        return "×".join(f"{k}{v}" for k, v in axes if v > 1) or "tp1"
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,7 +100,7 @@ class Plan:
     @property
     def kv_bytes(self) -> int:
         """KV memory on all devices together (Infire's "left for KV cache")."""
-        return sum(d.kv_bytes for d in self.stages) * self.layout.tp
+        return sum(d.kv_bytes for d in self.stages) * self.layout.tp * self.layout.ep
 
     @property
     def tokens(self) -> int | None:
@@ -137,12 +147,19 @@ def _kv_share(layer: Layer, tp: int, per: float, local: bool) -> float:
     return elements * per * (kv.window if local else 1)
 
 
+def _shards(w: Weights, tp: int, ep: int) -> int:
+    """Over how many devices of a stage one copy of w is spread."""
+    if w.replicated:
+        return 1
+    return tp * ep if w.role == "routed_experts" else tp
+
+
 def plan_layout(model: PlannedModel, gpus: GpuSet, layout: Layout, *, kv_dtype: str = "bf16",
                 seqs: int = 1, reserve: Reserve = GPU_RESERVE) -> Plan:
     """model on gpus in layout; `seqs` sequences' chunked-local KV is set aside first."""
-    s, tp, pp = model.shape, layout.tp, layout.pp
-    if tp * pp != gpus.count or tp < 1 or pp < 1:
-        raise PlanningError(f"layout {layout} needs {tp * pp} devices, the set has "
+    s, tp, pp, ep = model.shape, layout.tp, layout.pp, layout.ep
+    if layout.devices != gpus.count or min(tp, pp, ep) < 1:
+        raise PlanningError(f"layout {layout} needs {layout.devices} devices, the set has "
                             f"{gpus.count}", field="layout")
     if pp > len(s.layers):
         raise PlanningError(f"{model.id} has {len(s.layers)} layers, fewer than {pp} stages",
@@ -159,8 +176,7 @@ def plan_layout(model: PlannedModel, gpus: GpuSet, layout: Layout, *, kv_dtype: 
         groups = [w for layer in layers for w in layer.weights]
         groups += list(s.head) if index == 0 else []
         groups += list(s.tail) if index == pp - 1 else []
-        weights = round(sum(group_bytes(model, w) / (1 if w.replicated else tp)
-                            for w in groups))
+        weights = round(sum(group_bytes(model, w) / _shards(w, tp, ep) for w in groups))
         held = reserve.device_bytes(s, layers, tp, last=index == pp - 1)
         free = memory - weights - held
         full = round(sum(_kv_share(layer, tp, per, local=False) for layer in layers))
@@ -176,7 +192,7 @@ def plan_layout(model: PlannedModel, gpus: GpuSet, layout: Layout, *, kv_dtype: 
 
 def _verdict(model: PlannedModel, gpus: GpuSet, layout: Layout, kv_dtype: str,
              devices: list[Device], memory: int) -> Plan:
-    weights = sum(d.weight_bytes for d in devices) * layout.tp
+    weights = sum(d.weight_bytes for d in devices) * layout.tp * layout.ep
     plan = Plan(model.id, gpus, layout, model.codec, kv_dtype, model.shape.params, weights,
                 tuple(devices), kv_bytes_per_token(model, kv_dtype),
                 local_kv_bytes_per_sequence(model, kv_dtype), model.context_window, True, "")
