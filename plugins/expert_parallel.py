@@ -5,23 +5,15 @@ from __future__ import annotations
 
 from edgefire.models.expert_parallel import shard_experts
 from edgefire.runtime.engine.model_runner import CausalLM
-from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.loading.loaded import LoadedLM
 from edgefire.runtime.loading.parallel_layout import ParallelLayout
 from edgefire.runtime.parallel.collectives import Collectives
-from edgefire.runtime.parallel.root import launch
+from edgefire.runtime.parallel.root import SpawnedStrategy
 from edgefire.runtime.plugins import hookimpl
 
 
-class ExpertParallel:
-    gathers_logits = False  # every rank holds the whole LM head and the same hidden states
-
-    def launch(self, loaded: LoadedLM, layout: ParallelLayout,
-               precision: Precision) -> LoadedLM:
-        return launch(loaded, layout, precision, self)
-
-    def plan(self, model: CausalLM, layout: ParallelLayout) -> None:
-        return None  # every rank's experts follow from its rank alone
+class ExpertParallel(SpawnedStrategy):
+    """Every rank holds the whole LM head and, after each block, the same hidden states: the
+    root computes the logits."""
 
     def shard(self, model: CausalLM, rank: int, layout: ParallelLayout, comm: Collectives,
               plan: None) -> CausalLM:

@@ -10,12 +10,10 @@ from __future__ import annotations
 from edgefire.models.llama import LlamaForCausalLM
 from edgefire.models.pipeline_parallel import balance, measure_costs, stage_llama
 from edgefire.runtime.engine.model_runner import CausalLM
-from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.loading.loaded import LoadedLM
 from edgefire.runtime.loading.parallel_layout import ParallelLayout
 from edgefire.runtime.parallel.collectives import ROOT, Collectives
 from edgefire.runtime.parallel.pipeline import PipelineRank
-from edgefire.runtime.parallel.root import launch
+from edgefire.runtime.parallel.root import SpawnedStrategy
 from edgefire.runtime.plugins import hookimpl
 
 # Micro-batches per stage: with p stages and m micro-batches a step idles (p-1)/(m+p-1) of
@@ -23,12 +21,8 @@ from edgefire.runtime.plugins import hookimpl
 MICRO_BATCHES_PER_STAGE = 2
 
 
-class PipelineParallel:
-    gathers_logits = False  # the root's stage holds the LM head
-
-    def launch(self, loaded: LoadedLM, layout: ParallelLayout,
-               precision: Precision) -> LoadedLM:
-        return launch(loaded, layout, precision, self)
+class PipelineParallel(SpawnedStrategy):
+    """The root's stage holds the LM head: it computes the logits."""
 
     def plan(self, model: CausalLM, layout: ParallelLayout) -> list[range]:
         """Each stage's layers, from their cost measured here on the model as loaded."""

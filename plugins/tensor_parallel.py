@@ -5,23 +5,14 @@ from __future__ import annotations
 from edgefire.models.llama import LlamaForCausalLM
 from edgefire.models.tensor_parallel import shard_llama
 from edgefire.runtime.engine.model_runner import CausalLM
-from edgefire.runtime.engine.precision import Precision
-from edgefire.runtime.loading.loaded import LoadedLM
 from edgefire.runtime.loading.parallel_layout import ParallelLayout
 from edgefire.runtime.parallel.collectives import Collectives
-from edgefire.runtime.parallel.root import launch
+from edgefire.runtime.parallel.root import SpawnedStrategy
 from edgefire.runtime.plugins import hookimpl
 
 
-class TensorParallel:
+class TensorParallel(SpawnedStrategy):
     gathers_logits = True  # each rank holds a slice of the vocabulary
-
-    def launch(self, loaded: LoadedLM, layout: ParallelLayout,
-               precision: Precision) -> LoadedLM:
-        return launch(loaded, layout, precision, self)
-
-    def plan(self, model: CausalLM, layout: ParallelLayout) -> None:
-        return None  # every rank's split follows from its rank alone
 
     def shard(self, model: CausalLM, rank: int, layout: ParallelLayout, comm: Collectives,
               plan: None) -> CausalLM:

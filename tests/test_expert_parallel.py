@@ -4,7 +4,6 @@ processes (slow) give the single process's logits and tokens, for both MoE archi
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 
 import pytest
@@ -16,8 +15,8 @@ from edgefire.models.expert_parallel import shard_experts
 from edgefire.plugins.deepseek_v3 import seeded_weights
 from edgefire.runtime.engine.llm_engine import EngineConfig
 from edgefire.runtime.loading import build_engine
-from edgefire.runtime.parallel.collectives import Collectives, free_port
 from edgefire.runtime.parallel.root import ParallelLM
+from tests.gloo_ranks import run_ranks
 from tests.test_deepseek_v3 import GROUPED, SOFTMAX, prefill
 from tests.test_parallel_smollm2 import Recorder, _generate
 
@@ -30,27 +29,16 @@ def test_experts_over_two_ranks_give_the_whole_model(config):
     weights = dict(seeded_weights(config, 0))
     ids = list(range(3, 40))  # 37 tokens: the ranks take 19 and 18 of them in each block
     expected = prefill(DeepseekV3ForCausalLM(config, weights, (torch.float32,)), ids)[0]
-    port = free_port()
-    out: dict[int, torch.Tensor] = {}
-    held: dict[int, int] = {}
-    errors: list[BaseException] = []
 
-    def run(rank: int) -> None:
-        try:
-            comm = Collectives(port, rank, 2, timeout_s=30)
-            model = shard_experts(DeepseekV3ForCausalLM(config, weights, (torch.float32,)),
-                                  rank, comm)
-            held[rank] = model.params[torch.float32].layers[-1].mlp.experts.gate_up.shape[0]
-            out[rank] = prefill(model, ids)[0]
-        except BaseException as exc:
-            errors.append(exc)
+    def run(rank: int, comm) -> tuple[int, torch.Tensor]:
+        model = shard_experts(DeepseekV3ForCausalLM(config, weights, (torch.float32,)), rank,
+                              comm)
+        held = model.params[torch.float32].layers[-1].mlp.experts.gate_up.shape[0]
+        return held, prefill(model, ids)[0]
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    results = run_ranks(2, run)
+    held = {rank: n for rank, (n, _) in results.items()}
+    out = {rank: logits for rank, (_, logits) in results.items()}
     assert held == {0: 4, 1: 4}  # 8 routed experts, 4 a rank
     for rank in (0, 1):  # every rank ends each block with the whole batch's output
         torch.testing.assert_close(out[rank], expected, rtol=0, atol=1e-4)

@@ -3,16 +3,14 @@ up to the model, and the micro-batch pipeline over real Gloo between two threads
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan, micro_batches
 from edgefire.models.llama import LlamaForCausalLM
 from edgefire.models.pipeline_parallel import balance, stage_llama
-from edgefire.runtime.parallel.collectives import Collectives, free_port
 from edgefire.runtime.parallel.pipeline import PipelineRank
+from tests.gloo_ranks import run_ranks
 from tests.test_tensor_parallel import BLOCK, CONFIG, _weights
 
 LAYERS = 4
@@ -85,26 +83,14 @@ def test_the_pipeline_over_gloo_gives_the_whole_model():
     ids, positions, meta = _step()
     expected = model.compute_logits(model.forward(ids, positions, meta, _cache(model)))
     plan = [range(0, 2), range(2, 4)]
-    port = free_port()
-    out: dict[int, torch.Tensor | None] = {}
-    errors: list[BaseException] = []
 
-    def run(rank: int) -> None:
-        try:
-            comm = Collectives(port, rank, 2, timeout_s=30)
-            stage = PipelineRank(stage_llama(model, plan[rank], rank == 0), rank, 2, comm, 4)
-            cache = _cache(model)[plan[rank].start:plan[rank].stop]
-            hidden = stage.forward(ids, positions, meta, cache)
-            out[rank] = None if hidden is None else stage.compute_logits(hidden)
-        except BaseException as exc:
-            errors.append(exc)
+    def run(rank: int, comm) -> torch.Tensor | None:
+        stage = PipelineRank(stage_llama(model, plan[rank], rank == 0), rank, 2, comm, 4)
+        cache = _cache(model)[plan[rank].start:plan[rank].stop]
+        hidden = stage.forward(ids, positions, meta, cache)
+        return None if hidden is None else stage.compute_logits(hidden)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    out = run_ranks(2, run)
     assert out[1] is None
     # float32; micro-batches multiply fewer rows at a time than the whole step
     torch.testing.assert_close(out[0], expected, rtol=0, atol=1e-4)

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 from dataclasses import replace
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -80,6 +81,20 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
     model = ParallelLM(shard, comm, workers, widths if strategy.gathers_logits else None,
                        worker_bytes)
     return replace(loaded, model=model)
+
+
+class SpawnedStrategy:
+    """What the built-in strategies share: launched by launch() above, with no plan unless
+    they make one, and the logits computed whole on the root unless they say otherwise."""
+
+    gathers_logits = False
+
+    def launch(self, loaded: LoadedLM, layout: ParallelLayout,
+               precision: Precision) -> LoadedLM:
+        return launch(loaded, layout, precision, self)
+
+    def plan(self, model: CausalLM, layout: ParallelLayout) -> Any:
+        return None  # every rank's part follows from its rank alone
 
 
 def _ready(process: mp.process.BaseProcess, conn: Connection) -> int:
