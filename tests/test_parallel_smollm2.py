@@ -16,6 +16,7 @@ import torch
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import load_city
+from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.loading import build_engine
@@ -99,6 +100,12 @@ def test_a_layout_gives_the_single_process_logits_and_tokens(single, parallel):
     assert len(ours) == len(theirs) == 12 * len(PROMPTS)
     worst = max(float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True))
     assert worst < 1e-4, worst
+
+
+def test_a_layout_refuses_deterministic_requests_clearly(parallel):
+    # Fixed row blocks are a one-process feature: the request is refused, never run otherwise.
+    with pytest.raises(InvalidInputError, match="cannot run deterministically"):
+        parallel.add_request("det", [1, 2, 3], SamplingParams(max_tokens=2, deterministic=True))
 
 
 def test_a_layout_batched_is_the_layout_alone(parallel):
