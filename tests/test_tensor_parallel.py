@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import threading
+from importlib.resources import files
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,3 +116,23 @@ def test_layouts_name_their_strategy():
     assert {"tp", "pp"} <= set(load_plugins().parallel_strategies.names())
     with pytest.raises(UnknownComponentError, match="no parallel strategy named 'pp\\+tp'"):
         load_plugins().parallel_strategies.get(layout.strategy)
+
+
+def test_a_city_sets_layouts_over_the_catalog(tmp_path):
+    from edgefire.contract.catalog import Catalog
+    from edgefire.contract.cities import load_city
+    from edgefire.contract.errors import UnknownModelError
+    from edgefire.runtime.node.node import with_layouts
+
+    fra = (Path(str(files("edgefire.edge_nodes"))) / "fra.yaml").read_text()
+    (tmp_path / "xyz.yaml").write_text(
+        fra + 'parallel: {"@cf/smollm2-135m-instruct": {tp: 2}}\n')
+    city = load_city("xyz", tmp_path)
+    catalog = with_layouts(Catalog.load(), city.parallel)
+    spec = catalog.get("@cf/huggingfacetb/smollm2-135m-instruct")  # named by its alias
+    assert ParallelLayout.parse(spec.extra["parallel"]).tp == 2
+    assert "parallel" not in catalog.get("@cf/huggingfacetb/smollm2-135m-instruct-int8").extra
+    with pytest.raises(UnknownModelError):
+        with_layouts(Catalog.load(), {"@cf/nope": {"tp": 2}})
+    with pytest.raises(ModelUnavailableError, match="tp must be a positive integer"):
+        with_layouts(Catalog.load(), {"@cf/smollm2-135m-instruct": {"tp": 0}})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
@@ -43,6 +43,9 @@ class City:
     port: int
     accelerators: Accelerators
     memory_budget_gib: float  # what this node may hold resident in models
+    # Model id → parallel layout ({tp: 2}, …), over the catalog entry's `parallel:` on this
+    # city's node (README, "Parallel layouts").
+    parallel: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def memory_budget_bytes(self) -> int:

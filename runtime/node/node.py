@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from edgefire.contract.catalog import Catalog
 from edgefire.contract.cities import City
 from edgefire.runtime.engine.compute_thread import ComputeThread
+from edgefire.runtime.loading.parallel_layout import ParallelLayout
 from edgefire.runtime.node.model_registry import ModelRegistry
 from edgefire.runtime.node.served import ServedLM, build_served_model
 from edgefire.runtime.node.settings import NodeSettings
@@ -15,12 +17,26 @@ from edgefire.runtime.plugins import load_plugins
 log = logging.getLogger(__name__)
 
 
+def with_layouts(catalog: Catalog, layouts: dict[str, dict[str, int]]) -> Catalog:
+    """catalog with each named model's parallel layout set (a city's `parallel:`); an unknown
+    model or a malformed layout fails the node's start, not its first request."""
+    if not layouts:
+        return catalog
+    chosen = {}
+    for name, raw in layouts.items():
+        ParallelLayout.parse(raw, name)
+        chosen[catalog.get(name).id] = raw
+    return Catalog([replace(spec, extra={**spec.extra, "parallel": chosen[spec.id]})
+                    if spec.id in chosen else spec for spec in catalog.specs])
+
+
 class EdgeNode:
     def __init__(self, city: City, settings: NodeSettings | None = None,
                  catalog: Catalog | None = None) -> None:
         self.city = city
         self.settings = settings or NodeSettings()
-        self.catalog = catalog or Catalog.load(self.settings.catalog)
+        self.catalog = with_layouts(catalog or Catalog.load(self.settings.catalog),
+                                    city.parallel)
         # All torch work of the node (loads, steps, embedding batches) runs on this one thread.
         self.compute = ComputeThread(f"edgefire-{city.code}")
         self.registry = ModelRegistry(
