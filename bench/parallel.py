@@ -38,6 +38,7 @@ from bench._common import (  # noqa: E402
     rate,
     write_results,
 )
+from bench.roofline import measure_roofline  # noqa: E402
 from edgefire.contract.catalog import Catalog  # noqa: E402
 from edgefire.runtime import LLM, EngineConfig, SamplingParams  # noqa: E402
 from edgefire.runtime.parallel.root import ParallelLM  # noqa: E402
@@ -118,6 +119,8 @@ def _measure(llm: LLM, name: str, model: str = MODEL) -> dict:
 
 
 def main() -> None:
+    # Measured first: the layouts pin this process to one core for good.
+    roofline = measure_roofline()
     catalog = _catalog()
     config = EngineConfig(kv_cache_bytes=512 << 20, speculative="off")
     rows = []
@@ -142,7 +145,7 @@ def main() -> None:
               "workload": {"prefill": {"prompts": PREFILL[0], "tokens": PREFILL[1]},
                            "decode": {"prompt_tokens": DECODE_PROMPT,
                                       "new_tokens": NEW_TOKENS, "concurrency": [1, 8]}},
-              "backend": "gloo", "pinned": True, "rows": rows}
+              "backend": "gloo", "pinned": True, "rows": rows, "roofline": roofline}
     markdown = markdown_table(
         ["model", "layout", "prefill tok/s", "C=1 decode tok/s", "C=8 decode tok/s",
          "C=1 collectives µs/step", "C=1 share of decode", "C=8 collectives µs/token",
