@@ -11,7 +11,6 @@ from edgefire.models.attention import (
     AttentionMetadata,
     PrefillSpan,
     TorchPagedAttention,
-    torch_paged,
 )
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel, paged_prefill_kernel
 
@@ -202,14 +201,11 @@ def test_backend_prefill_paths_agree(native):
     torch.testing.assert_close(out, torch.cat(expected), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_prompts_take_sdpa_on_amx_by_default(monkeypatch, amx):
-    # On AMX, SDPA over the gathered pages is faster than the native causal kernel at every
-    # chunk bench/attention.py measures; elsewhere the native kernel is.
+def test_prompts_take_the_native_kernel_by_default():
+    # On AMX too: SDPA is faster per call there, but its buffers per prompt length kept a
+    # node's memory growing (torch_paged.py says how much); it stays one argument away.
     _prefill_kernel()
-    monkeypatch.setattr(torch_paged, "has_amx", lambda: amx)
-    backend = TorchPagedAttention(9, 3, 64)  # the prefill kernel takes head_dim 64 and 128
-    assert (backend.prefill_kernel is None) is amx
+    assert TorchPagedAttention(9, 3, 64).prefill_kernel is not None  # head_dim 64 and 128
+    assert TorchPagedAttention(9, 3, 64, native_prefill=False).prefill_kernel is None
+    backend = TorchPagedAttention(9, 3, 64, native_prefill=False)
     assert backend.kernel is not None  # decode keeps its native kernel either way
-    forced = TorchPagedAttention(9, 3, 64, native_prefill=True)
-    assert forced.prefill_kernel is not None

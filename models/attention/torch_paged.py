@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgefire.contract.cpu import has_amx
 from edgefire.models.attention.cpu_kernels import paged_decode_kernel, paged_prefill_kernel
 from edgefire.models.attention.metadata import AttentionMetadata
 
@@ -21,11 +20,14 @@ class TorchPagedAttention:
                  native: bool = True, native_prefill: bool | None = None) -> None:
         # The native kernels read K/V in place; SDPA over gathered pages is the fallback.
         self.kernel = paged_decode_kernel() if native else None
-        # Prompts: by default the native causal kernel, except on AMX, where SDPA (oneDNN's
-        # BF16 attention on AMX tiles) over the gathered pages is faster at every chunk
-        # measured, gather included (bench/attention.py on a 2-core Xeon: native 0.45-0.9x).
+        # Prompts: the native causal kernel by default, on AMX too. There SDPA (oneDNN's BF16
+        # attention on AMX tiles) over the gathered pages is faster per call (bench/attention.py,
+        # 2-core Xeon: native 0.50-0.94x), but a node taking it for prompts of every length
+        # kept growing: from the 100th to the 400th prompt of 20-700 tokens the process grew
+        # by 115 MiB against 15 with the native kernel, and a 10-minute soak by 15%.
+        # native_prefill=True/False chooses either way.
         if native_prefill is None:
-            native_prefill = native and not has_amx()
+            native_prefill = native
         prefill = paged_prefill_kernel() if native_prefill else None
         self.prefill_kernel = (prefill if prefill is not None and prefill.vectorized
                                and head_dim in (64, 128) else None)
