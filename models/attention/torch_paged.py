@@ -22,10 +22,9 @@ class TorchPagedAttention:
         self.kernel = paged_decode_kernel() if native else None
         # Prompts: the native causal kernel by default, on AMX too. There SDPA (oneDNN's BF16
         # attention on AMX tiles) over the gathered pages is faster per call (bench/attention.py,
-        # 2-core Xeon: native 0.50-0.94x), but a node taking it for prompts of every length
-        # kept growing: from the 100th to the 400th prompt of 20-700 tokens the process grew
-        # by 115 MiB against 15 with the native kernel, and a 10-minute soak by 15%.
-        # native_prefill=True/False chooses either way.
+        # 2-core Xeon: native 0.50-0.94x), but a process taking it for prompts of every length
+        # kept growing: from the 100th to the 400th prompt of 20-700 tokens, by 115 MiB
+        # against 15 with the native kernel. native_prefill=True/False chooses either way.
         if native_prefill is None:
             native_prefill = native
         prefill = paged_prefill_kernel() if native_prefill else None
