@@ -1,16 +1,17 @@
 """Parallel layouts: SmolLM2-135M in one process against tensor and pipeline parallel over two
 (Gloo), and the Kimi K2.5 miniature in one process against expert parallel over two.
 
-Four rows, each on the machine's two cores: tp=1 as a node runs it (its fused native decode
-step), tp=1 through torch's layers (the path every rank of a layout runs: the fused step has
-no collectives between layers), tp=2 and pp=2 with each rank pinned to its own core
-(EDGEFIRE_PARALLEL_PIN=1). For each: prefill tok/s (8 prompts of 256 tokens, one new token
+SmolLM2's rows, each on the machine's two cores: tp=1 as a node runs it (its fused native
+decode step), tp=1 through torch's layers (the path every rank of a layout runs: the fused
+step has no collectives between layers), tp=2 and pp=2 with each rank pinned to its own core
+(EDGEFIRE_PARALLEL_PIN=1), and pp=2×tp=2, whose four ranks share the two cores (two pinned
+to each). For each: prefill tok/s (8 prompts of 256 tokens, one new token
 each) and decode tok/s at C=1 and C=8 (prompts of 64 tokens, 64 new tokens each, greedy,
 drafts off, the steps after every request's first token); for the layouts, the root rank's
 time in collectives per decode step and per token: tp=2's two all-reduces a layer, the
 embedding's and the logits' gather; pp=2's sends and receives, where the root's waiting on
-the other stage is the pipeline's bubble as the root sees it. On two CPU cores neither
-layout pays: the aim is their honest overhead. The Kimi miniature's rows (ep=1, ep=2) are
+the other stage is the pipeline's bubble as the root sees it; pp=2×tp=2's both. On two CPU
+cores no layout pays: the aim is their honest overhead. The Kimi miniature's rows (ep=1, ep=2) are
 the same measures; ep=2's collectives are each MoE block's count exchange, two all-to-alls
 and all-gather.
 
@@ -49,13 +50,21 @@ PREFILL = (8, 256)  # prompts, tokens each
 DECODE_PROMPT, NEW_TOKENS = 64, 64
 
 
+# (model, row name, layout): each served under its own id (_layout_id).
+LAYOUTS = [(MODEL, "tp=2", {"tp": 2}), (MODEL, "pp=2", {"pp": 2}),
+           (MODEL, "pp=2×tp=2", {"pp": 2, "tp": 2}), (MOE, "ep=2", {"ep": 2})]
+
+
+def _layout_id(model: str, raw: dict[str, int]) -> str:
+    return model + "-" + "".join(f"{axis}{degree}" for axis, degree in raw.items())
+
+
 def _catalog() -> Catalog:
     catalog = Catalog.load()
-    layouts = [(MODEL, "tp"), (MODEL, "pp"), (MOE, "ep")]
     return Catalog([*catalog.specs, *(
-        replace(spec, id=f"{model}-{axis}2", aliases=(),
-                extra={**spec.extra, "parallel": {axis: 2}})
-        for model, axis in layouts for spec in [catalog.get_runnable(model)])])
+        replace(spec, id=_layout_id(model, raw), aliases=(),
+                extra={**spec.extra, "parallel": raw})
+        for model, _, raw in LAYOUTS for spec in [catalog.get_runnable(model)])])
 
 
 def _drive(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -90,7 +99,9 @@ def _drive(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
 
 def _collectives(llm: LLM) -> tuple[float, int]:
     model = llm.engine.runner.model
-    return (model.comm.seconds, model.comm.calls) if isinstance(model, ParallelLM) else (0.0, 0)
+    if not isinstance(model, ParallelLM):
+        return 0.0, 0
+    return model.comm.tally.seconds, model.comm.tally.calls
 
 
 def _measure(llm: LLM, name: str, model: str = MODEL) -> dict:
@@ -134,11 +145,11 @@ def main() -> None:
     llm = LLM(MOE, engine_config=config, catalog=catalog)
     rows.append(_measure(llm, "ep=1", MOE))
     llm.engine.close()
-    for model, axis in ((MODEL, "tp"), (MODEL, "pp"), (MOE, "ep")):
-        llm = LLM(f"{model}-{axis}2", engine_config=config, catalog=catalog)
-        rows.append(_measure(llm, f"{axis}=2", model))
+    for model, name, raw in LAYOUTS:
+        llm = LLM(_layout_id(model, raw), engine_config=config, catalog=catalog)
+        rows.append(_measure(llm, name, model))
         stage = getattr(llm.engine.runner.model.shard, "stage", None)
-        if stage is not None:  # the balancer's cut: the root's layers, the rest on rank 1
+        if stage is not None:  # the balancer's cut: the first stage's layers, the rest after
             rows[-1]["root_layers"] = stage.config.num_layers
         llm.engine.close()
     result = {"bench": "parallel", "models": [MODEL, MOE], "machine": machine_info(),

@@ -1,17 +1,21 @@
-"""Built-in parallel strategy "pp": pipeline parallelism for Llama-architecture models.
+"""Built-in parallel strategies "pp" and "pp+tp": pipeline parallelism for Llama-architecture
+models, each stage on one rank or split over tp by tensor parallelism.
 
 Stages are contiguous layers, cut where the balancer (models/pipeline_parallel.py) finds the
 slowest stage least slow on each layer's cost measured at load; each step is cut into
-micro-batches so that the stages work at once (runtime/parallel/pipeline.py).
+micro-batches so that the stages work at once (runtime/parallel/pipeline.py). With tp, each
+stage's ranks hold Megatron shards of its layers (models/tensor_parallel.py) and the first
+stage's split its embedding and LM head by vocabulary, as tp alone does.
 """
 
 from __future__ import annotations
 
 from edgefire.models.llama import LlamaForCausalLM
 from edgefire.models.pipeline_parallel import balance, measure_costs, stage_llama
+from edgefire.models.tensor_parallel import shard_llama
 from edgefire.runtime.engine.model_runner import CausalLM
 from edgefire.runtime.loading.parallel_layout import ParallelLayout
-from edgefire.runtime.parallel.collectives import ROOT, Collectives
+from edgefire.runtime.parallel.collectives import Collectives
 from edgefire.runtime.parallel.pipeline import PipelineRank
 from edgefire.runtime.parallel.root import SpawnedStrategy
 from edgefire.runtime.plugins import hookimpl
@@ -22,7 +26,11 @@ MICRO_BATCHES_PER_STAGE = 2
 
 
 class PipelineParallel(SpawnedStrategy):
-    """The root's stage holds the LM head: it computes the logits."""
+    """The root's stage holds the LM head: it computes the logits, or with tp its lanes
+    each a slice of them."""
+
+    def vocab_ranks(self, layout: ParallelLayout) -> int:
+        return layout.tp  # the first stage's lanes: ranks 0 … tp-1
 
     def plan(self, model: CausalLM, layout: ParallelLayout) -> list[range]:
         """Each stage's layers, from their cost measured here on the model as loaded."""
@@ -32,8 +40,13 @@ class PipelineParallel(SpawnedStrategy):
 
     def shard(self, model: CausalLM, rank: int, layout: ParallelLayout, comm: Collectives,
               plan: list[range]) -> CausalLM:
-        stage = stage_llama(_llama(model), plan[rank], first=rank == ROOT)
-        return PipelineRank(stage, rank, layout.pp, comm, MICRO_BATCHES_PER_STAGE * layout.pp)
+        index, lane = divmod(rank, layout.tp)
+        stage = stage_llama(_llama(model), plan[index], first=index == 0)
+        if layout.tp > 1:
+            lanes = comm.subgroup(range(index * layout.tp, (index + 1) * layout.tp))
+            stage = shard_llama(stage, lane, layout.tp, lanes.all_reduce)
+        return PipelineRank(stage, rank, layout.pp, comm, MICRO_BATCHES_PER_STAGE * layout.pp,
+                            layout.tp)
 
 
 def _llama(model: CausalLM) -> LlamaForCausalLM:
@@ -46,3 +59,4 @@ def _llama(model: CausalLM) -> LlamaForCausalLM:
 @hookimpl
 def edgefire_register_parallel_strategies(register):
     register("pp", PipelineParallel())
+    register("pp+tp", PipelineParallel())

@@ -12,7 +12,8 @@ from edgefire.runtime.plugins import hookimpl
 
 
 class TensorParallel(SpawnedStrategy):
-    gathers_logits = True  # each rank holds a slice of the vocabulary
+    def vocab_ranks(self, layout: ParallelLayout) -> int:
+        return layout.tp  # each rank holds a slice of the vocabulary
 
     def shard(self, model: CausalLM, rank: int, layout: ParallelLayout, comm: Collectives,
               plan: None) -> CausalLM:

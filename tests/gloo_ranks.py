@@ -18,7 +18,7 @@ def run_ranks(world_size: int, fn: Callable[[int, Collectives], Any]) -> dict[in
 
     def run(rank: int) -> None:
         try:
-            results[rank] = fn(rank, Collectives(port, rank, world_size, timeout_s=30))
+            results[rank] = fn(rank, Collectives.connect(port, rank, world_size, timeout_s=30))
         except BaseException as exc:
             errors.append(exc)
 

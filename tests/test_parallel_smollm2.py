@@ -1,6 +1,6 @@
-"""SmolLM2 at tp=2 and at pp=2 over two real processes (Gloo): the same logits (float32,
-within 1e-4) and greedy tokens as one process, batched as alone; over HTTP, a killed worker
-takes the model offline cleanly and the next request brings it back."""
+"""SmolLM2 at tp=2 and at pp=2 over two real processes (Gloo), and at pp=2×tp=2 over four: the
+same logits (float32, within 1e-4) and greedy tokens as one process, batched as alone; over
+HTTP, a killed worker takes the model offline cleanly and the next request brings it back."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.llm_engine import EngineConfig, LLMEngine
 from edgefire.runtime.engine.sampling_params import SamplingParams
 from edgefire.runtime.loading import build_engine
+from edgefire.runtime.loading.parallel_layout import ParallelLayout
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
 from edgefire.runtime.parallel.root import ParallelLM
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.slow
 
 SMOL = "@cf/huggingfacetb/smollm2-135m-instruct"
 TP2 = SMOL + "-tp2"
-LAYOUTS = {SMOL + "-tp2": {"tp": 2}, SMOL + "-pp2": {"pp": 2}}
+LAYOUTS = {SMOL + "-tp2": {"tp": 2}, SMOL + "-pp2": {"pp": 2},
+           SMOL + "-pp2tp2": {"pp": 2, "tp": 2}}
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
            "Write a haiku about the sea.\nThe sea"]
 
@@ -79,20 +81,30 @@ def single():
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
-def parallel(request):
-    engine, _ = build_engine(_catalog().get_runnable(request.param), CONFIG)
+def model_id(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def layout(model_id) -> ParallelLayout:
+    return ParallelLayout.parse(LAYOUTS[model_id])
+
+
+@pytest.fixture(scope="module")
+def parallel(model_id):
+    engine, _ = build_engine(_catalog().get_runnable(model_id), CONFIG)
     yield engine
     engine.close()
 
 
-def test_a_layout_gives_the_single_process_logits_and_tokens(single, parallel):
+def test_a_layout_gives_the_single_process_logits_and_tokens(single, parallel, layout):
     model = parallel.runner.model
     assert isinstance(model, ParallelLM)
-    kv_shape = model.kv_cache_shape(1, 16)
-    if model.widths is not None:  # tp: each rank its KV heads, 2 of SmolLM2's 3 on the root
-        assert kv_shape[2] == 2
-    else:  # pp: each stage its own layers' pages
-        assert kv_shape[0] < 30
+    assert len(model.workers) == layout.world_size - 1
+    layers, _, heads, *_ = model.kv_cache_shape(1, 16)
+    # The root's pages: with tp its KV heads (2 of SmolLM2's 3), with pp its stage's layers.
+    assert heads == (2 if layout.tp > 1 else 3)
+    assert (layers < 30) == (layout.pp > 1)
     single.sampler, parallel.sampler = Recorder(single.sampler), Recorder(parallel.sampler)
     for prompt in PROMPTS:
         assert _generate(parallel, [prompt]) == _generate(single, [prompt])

@@ -1,7 +1,10 @@
 """Pipeline parallelism: the balancer, micro-batches that add up to the step, stages that add
-up to the model, and the micro-batch pipeline over real Gloo between two threads."""
+up to the model, and the micro-batch pipeline over real Gloo between threads: two stages, and
+two stages of two tensor-parallel lanes each."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -9,7 +12,10 @@ import torch
 from edgefire.models.attention import AttentionMetadata, PrefillSpan, micro_batches
 from edgefire.models.llama import LlamaForCausalLM
 from edgefire.models.pipeline_parallel import balance, stage_llama
+from edgefire.models.tensor_parallel import split
+from edgefire.runtime.loading.parallel_layout import ParallelLayout
 from edgefire.runtime.parallel.pipeline import PipelineRank
+from edgefire.runtime.plugins import load_plugins
 from tests.gloo_ranks import run_ranks
 from tests.test_tensor_parallel import BLOCK, CONFIG, _weights
 
@@ -94,3 +100,41 @@ def test_the_pipeline_over_gloo_gives_the_whole_model():
     assert out[1] is None
     # float32; micro-batches multiply fewer rows at a time than the whole step
     torch.testing.assert_close(out[0], expected, rtol=0, atol=1e-4)
+
+
+def test_stages_of_tensor_parallel_lanes_over_gloo_give_the_whole_model():
+    # pp=2 × tp=2 as the "pp+tp" strategy shards it: four threads, each its own Gloo rank;
+    # each stage's two lanes all-reduce in their own subgroup, and the first stage's lanes
+    # each compute a slice of the vocabulary's logits, which the root gathers.
+    model = LlamaForCausalLM(MODEL_CONFIG, _weights(MODEL_CONFIG), (torch.float32,))
+    ids, positions, meta = _step()
+    expected = model.compute_logits(model.forward(ids, positions, meta, _cache(model)))
+    layout = ParallelLayout(tp=2, pp=2)
+    strategy = load_plugins().parallel_strategies.get(layout.strategy)
+    plan = [range(0, 1), range(1, 4)]
+    lanes = strategy.vocab_ranks(layout)
+    widths = [len(split(MODEL_CONFIG.vocab_size, lanes, r)) for r in range(lanes)]
+    final: list[torch.Tensor] = []
+    got_final = threading.Event()
+
+    def run(rank: int, comm) -> tuple[int, torch.Tensor | None]:
+        shard = strategy.shard(model, rank, layout, comm, plan)
+        heads = shard.kv_cache_shape(12, BLOCK)[2]
+        layers = plan[rank // layout.tp]
+        # The whole cache's pages of this rank's layers and KV heads (3 split 2 + 1).
+        kv = split(MODEL_CONFIG.num_kv_heads, layout.tp, rank % layout.tp)
+        cache = _cache(model)[layers.start:layers.stop, :, kv.start:kv.stop]
+        hidden = shard.forward(ids, positions, meta, cache.contiguous())
+        if rank >= lanes:
+            return heads, None
+        if rank == 0:  # the root has the final hidden states; a node sends them to each lane
+            final.append(hidden)
+            got_final.set()
+        assert got_final.wait(30)
+        part = shard.compute_logits(final[0])
+        return heads, comm.subgroup(range(lanes)).gather_columns(part, widths)
+
+    out = run_ranks(4, run)
+    assert [out[r][0] for r in range(4)] == [2, 1, 2, 1]  # each lane its KV heads
+    assert [out[r][1] is None for r in range(4)] == [False, True, True, True]
+    torch.testing.assert_close(out[0][1], expected, rtol=0, atol=1e-4)

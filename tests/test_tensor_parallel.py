@@ -113,9 +113,11 @@ def test_layouts_name_their_strategy():
     assert ParallelLayout.parse({"tp": 2}).strategy == "tp"
     layout = ParallelLayout.parse({"tp": 2, "pp": 2})
     assert (layout.strategy, layout.world_size) == ("pp+tp", 4)
-    assert {"tp", "pp"} <= set(load_plugins().parallel_strategies.names())
-    with pytest.raises(UnknownComponentError, match="no parallel strategy named 'pp\\+tp'"):
-        load_plugins().parallel_strategies.get(layout.strategy)
+    assert {"tp", "pp", "pp+tp", "ep"} <= set(load_plugins().parallel_strategies.names())
+    # Expert parallelism combines with no other axis yet: a clear refusal, naming what is.
+    combined = ParallelLayout.parse({"ep": 2, "tp": 2}).strategy
+    with pytest.raises(UnknownComponentError, match="no parallel strategy named 'ep\\+tp'"):
+        load_plugins().parallel_strategies.get(combined)
 
 
 def test_a_city_sets_layouts_over_the_catalog(tmp_path):

@@ -1,7 +1,9 @@
 """The collectives a parallel layout's ranks run, over torch.distributed's Gloo backend.
 
 One process group per loaded model, built from its own TCPStore rather than torch's default
-group, so a node can hold several parallel models and rebuild one without the others. Every
+group, so a node can hold several parallel models and rebuild one without the others; a
+layout that combines axes adds subgroups over the same store (a pipeline stage's tensor-
+parallel ranks meet in their own all-reduces, as torch's new_group would do it). Every
 collective has the group's timeout: a rank that died fails the others' next collective at
 once (the connection resets), a rank that hangs fails it when the timeout passes; both raise
 ModelLostError, never hang a step.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -28,20 +31,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(slots=True)
+class Tally:
+    """Time a rank spent in collectives, and how many, over all its groups: what
+    bench/parallel.py reports."""
+
+    seconds: float = 0.0
+    calls: int = 0
+
+
 class Collectives:
-    def __init__(self, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        timeout = timedelta(seconds=timeout_s)
+    def __init__(self, store: dist.Store, group: dist.ProcessGroup, rank: int,
+                 world_size: int, timeout: timedelta, tally: Tally) -> None:
+        """Use connect() or subgroup(): this wraps a group they built."""
         self.rank = rank
         self.world_size = world_size
-        # Time this rank spent in collectives, and how many: what bench/parallel.py reports.
-        self.seconds = 0.0
-        self.calls = 0
+        self.tally = tally
+        self._store = store
+        self._group = group
+        self._timeout = timeout
+        self._subgroups: dict[range, Collectives] = {}
+
+    @classmethod
+    def connect(cls, port: int, rank: int, world_size: int, timeout_s: float) -> Collectives:
+        """Rank's collectives among world_size ranks meeting at port (ROOT serves the store);
+        returns once every rank has joined."""
+        timeout = timedelta(seconds=timeout_s)
         try:
-            self._store = dist.TCPStore("127.0.0.1", port, world_size, rank == ROOT,
-                                        timeout=timeout)
-            self._group = dist.ProcessGroupGloo(self._store, rank, world_size, timeout)
+            store = dist.TCPStore("127.0.0.1", port, world_size, rank == ROOT, timeout=timeout)
+            group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         except (RuntimeError, dist.DistStoreError) as exc:
             raise ModelLostError(f"rank {rank}: the ranks did not meet ({exc})") from exc
+        return cls(store, group, rank, world_size, timeout, Tally())
+
+    def subgroup(self, ranks: range) -> Collectives:
+        """The collectives among `ranks` alone, which this rank is one of, numbered from 0 in
+        their order. Every rank of them must ask for it (it returns once they all have); it
+        is built once and kept."""
+        assert self.rank in ranks, (self.rank, ranks)
+        if len(ranks) == self.world_size:
+            return self
+        if ranks not in self._subgroups:
+            store = dist.PrefixStore(f"ranks{ranks.start}-{ranks.stop}", self._store)
+            try:
+                group = dist.ProcessGroupGloo(store, self.rank - ranks.start, len(ranks),
+                                              self._timeout)
+            except (RuntimeError, dist.DistStoreError) as exc:
+                raise ModelLostError(f"rank {self.rank}: ranks {ranks.start}-{ranks.stop - 1} "
+                                     f"did not meet ({exc})") from exc
+            self._subgroups[ranks] = Collectives(store, group, self.rank - ranks.start,
+                                                 len(ranks), self._timeout, self.tally)
+        return self._subgroups[ranks]
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """tensor summed over the ranks, in place (float32 sums for a BF16 tensor)."""
@@ -116,5 +156,5 @@ class Collectives:
         except RuntimeError as exc:  # Gloo reports a lost peer or a timeout as RuntimeError
             raise ModelLostError(f"rank {self.rank}: {what} failed ({exc})") from exc
         finally:
-            self.seconds += time.perf_counter() - started
-            self.calls += 1
+            self.tally.seconds += time.perf_counter() - started
+            self.tally.calls += 1

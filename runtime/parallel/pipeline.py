@@ -6,6 +6,12 @@ runs the first, and so on; the last stage normalises each and sends it back to t
 computes the logits with the LM head it holds. Sends are started without waiting, so no stage
 waits on another's receive being posted. The root's time waiting for the other stages (the
 pipeline's bubble, seen from the root) is kept for bench/parallel.py.
+
+Combined with tensor parallelism (pp+tp), each stage is tp ranks, numbered stage by stage
+(rank = stage·tp + lane): a stage's lanes run its layers' shards together, meeting in their
+own all-reduces, and each lane sends its micro-batch on to the same lane of the next stage
+(after the all-reduces every lane holds the whole residual stream); lane 0 of the last stage
+sends it back to the root.
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ MIN_MICRO_BATCH_ROWS = 16
 
 class PipelineRank:
     def __init__(self, stage: LlamaForCausalLM, rank: int, stages: int, comm: Collectives,
-                 parts: int) -> None:
+                 parts: int, tp: int = 1) -> None:
+        """stage: this rank's layers (its tensor-parallel shard of them where tp > 1); comm:
+        every rank's collectives."""
         self.stage = stage
         self.rank = rank
         self.stages = stages
+        self.tp = tp
         self.comm = comm
         self.parts = parts  # micro-batches a step is cut into, at most
         self.dtypes = stage.dtypes
@@ -51,31 +60,37 @@ class PipelineRank:
         """On the root, the step's final hidden states (every stage run); elsewhere None."""
         dtype = dtype or self.dtypes[0]
         width = self.stage.config.hidden_size
-        last = self.rank == self.stages - 1
+        index, lane = divmod(self.rank, self.tp)
+        last = index == self.stages - 1
+        # Where each micro-batch goes next: the same lane of the next stage; from the last
+        # stage, lane 0's back to the root (the other lanes hold the same rows).
+        after = None if last and lane else ROOT if last else self.rank + self.tp
         parts = max(1, min(self.parts, input_ids.shape[0] // MIN_MICRO_BATCH_ROWS))
         runs = micro_batches(meta, parts)
         sends = []
         for tag, (rows, part) in enumerate(runs):
-            if self.rank == ROOT:
+            if index == 0:
                 h = self.stage.embed_tokens(input_ids[rows.start:rows.stop], dtype)
             else:
-                h = self.comm.recv(torch.empty(len(rows), width, dtype=dtype), self.rank - 1,
-                                   tag)
+                h = self.comm.recv(torch.empty(len(rows), width, dtype=dtype),
+                                   self.rank - self.tp, tag)
             started = time.perf_counter()
             h = self.stage.run_layers(h, positions[rows.start:rows.stop], part, kv_cache,
                                       dtype)
             if last:
                 h = self.stage.final_norm(h)
             self.compute_s += time.perf_counter() - started
-            sends.append((h, self.comm.send(h, ROOT if last else self.rank + 1, tag)))
+            if after is not None:
+                sends.append((h, self.comm.send(h, after, tag)))
         out = None
         if self.rank == ROOT:
             out = torch.cat([self.comm.recv(torch.empty(len(rows), width, dtype=dtype),
-                                            self.stages - 1, tag)
+                                            (self.stages - 1) * self.tp, tag)
                              for tag, (rows, _) in enumerate(runs)])
         self.comm.finish([work for _, work in sends])
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """On the root, which holds the LM head."""
+        """On the first stage, which holds the LM head (with tp, each lane its vocabulary
+        slice's columns)."""
         return self.stage.compute_logits(hidden)

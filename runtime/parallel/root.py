@@ -47,7 +47,8 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
     the root rank's ParallelLM. Raises ModelUnavailableError where it cannot be."""
     world = layout.world_size
     threads = RankThreads.plan(world, PIN)
-    widths = [len(split(loaded.vocab_size, world, r)) for r in range(world)]
+    vocab_ranks = strategy.vocab_ranks(layout)
+    widths = [len(split(loaded.vocab_size, vocab_ranks, r)) for r in range(vocab_ranks)]
     try:
         plan = strategy.plan(loaded.model, layout)
     except ValueError as exc:
@@ -68,8 +69,9 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
             workers.append((process, here))
         if PIN:
             threads.apply(ROOT)
-        comm = Collectives(port, ROOT, world, TIMEOUT_S)
+        comm = Collectives.connect(port, ROOT, world, TIMEOUT_S)
         shard = strategy.shard(loaded.model, ROOT, layout, comm, plan)
+        logits_comm = comm.subgroup(range(vocab_ranks))  # the workers' join it as they start
         worker_bytes = sum(_ready(process, conn) for process, conn in workers)
     except (ValueError, ModelLostError) as exc:
         _stop(workers)
@@ -78,8 +80,8 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
     except BaseException:
         _stop(workers)
         raise
-    model = ParallelLM(shard, comm, workers, widths if strategy.gathers_logits else None,
-                       worker_bytes)
+    model = ParallelLM(shard, comm, workers, worker_bytes,
+                       (logits_comm, widths) if vocab_ranks > 1 else None)
     return replace(loaded, model=model)
 
 
@@ -87,7 +89,8 @@ class SpawnedStrategy:
     """What the built-in strategies share: launched by launch() above, with no plan unless
     they make one, and the logits computed whole on the root unless they say otherwise."""
 
-    gathers_logits = False
+    def vocab_ranks(self, layout: ParallelLayout) -> int:
+        return 1
 
     def launch(self, loaded: LoadedLM, layout: ParallelLayout,
                precision: Precision) -> LoadedLM:
@@ -128,14 +131,15 @@ class ParallelLM:
     it like any other)."""
 
     def __init__(self, shard: CausalLM, comm: Collectives,
-                 workers: list[tuple[mp.process.BaseProcess, Connection]],
-                 widths: list[int] | None, worker_bytes: int) -> None:
-        """widths: each rank's vocabulary columns of the logits, which the root gathers; None
-        where the root computes them all (its shard holds the whole LM head)."""
+                 workers: list[tuple[mp.process.BaseProcess, Connection]], worker_bytes: int,
+                 vocab: tuple[Collectives, list[int]] | None) -> None:
+        """vocab: the ranks holding slices of the vocabulary (the root and the first workers)
+        and each one's columns of the logits, which the root gathers from them; None where
+        the root computes them all (its shard holds the whole LM head)."""
         self.shard = shard
         self.comm = comm
         self.workers = workers
-        self.widths = widths
+        self.vocab = vocab
         self.worker_bytes = worker_bytes
         self.kv_dtype = shard.kv_dtype
         self.weight_precision = shard.weight_precision
@@ -168,13 +172,14 @@ class ParallelLM:
         return self._guarded(self.shard.forward, input_ids, positions, meta, kv_cache, dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.widths is None:
+        if self.vocab is None:
             return self._guarded(self.shard.compute_logits, hidden)
+        comm, widths = self.vocab
         if not hidden.shape[0]:  # a step of prompt chunks that end no prompt: nothing to sample
-            return torch.empty(0, sum(self.widths))
-        self._broadcast(messages.Logits(hidden))
+            return torch.empty(0, sum(widths))
+        self._broadcast(messages.Logits(hidden), self.workers[:comm.world_size - 1])
         part = self._guarded(self.shard.compute_logits, hidden)
-        logits = self._guarded(self.comm.gather_columns, part, self.widths)
+        logits = self._guarded(comm.gather_columns, part, widths)
         assert logits is not None  # the root gathers
         return logits
 
@@ -196,11 +201,13 @@ class ParallelLM:
             self._closed = True
             _stop(self.workers)
 
-    def _broadcast(self, message: messages.Message) -> None:
+    def _broadcast(self, message: messages.Message,
+                   to: list[tuple[mp.process.BaseProcess, Connection]] | None = None) -> None:
+        """message to every worker, or to those in `to`."""
         if self.lost:
             self._lost = True
             raise ModelLostError("a worker process of this model's parallel layout died")
-        for process, conn in self.workers:
+        for process, conn in self.workers if to is None else to:
             try:
                 messages.send(conn, message)
             except OSError as exc:

@@ -12,9 +12,11 @@ from edgefire.runtime.parallel.collectives import Collectives
 
 
 class ParallelStrategy(Protocol):
-    # Whether each rank computes a slice of the vocabulary's logits for the root to gather
-    # (split by models.tensor_parallel.split), or the root computes them all.
-    gathers_logits: bool
+    def vocab_ranks(self, layout: ParallelLayout) -> int:
+        """How many ranks, from the root on, each compute a slice of the vocabulary's logits
+        (split by models.tensor_parallel.split) for the root to gather; 1 where the root
+        computes them all."""
+        ...
 
     def launch(self, loaded: LoadedLM, layout: ParallelLayout,
                precision: Precision) -> LoadedLM:

@@ -38,7 +38,9 @@ class WorkerArgs:
     port: int
     timeout_s: float
     threads: RankThreads
-    logit_widths: list[int]  # every rank's vocabulary columns, where the root gathers them
+    # The vocabulary's columns of the logits held by each of the first ranks, which the root
+    # gathers from them; one where it computes them all.
+    logit_widths: list[int]
     plan: Any  # the strategy's (ParallelStrategy.plan)
 
 
@@ -55,8 +57,11 @@ def run(args: WorkerArgs, conn: Connection) -> None:
 def _serve(args: WorkerArgs, conn: Connection) -> None:
     args.threads.apply(args.rank)
     try:
-        comm = Collectives(args.port, args.rank, args.layout.world_size, args.timeout_s)
+        comm = Collectives.connect(args.port, args.rank, args.layout.world_size, args.timeout_s)
         model = _load_shard(args, comm)
+        vocab_ranks = range(len(args.logit_widths))
+        # Joined now, as the root does in launch(): it waits for every member.
+        logits_comm = comm.subgroup(vocab_ranks) if args.rank in vocab_ranks else None
     except BaseException as exc:
         messages.send(conn, messages.Failed(f"{type(exc).__name__}: {exc}"))
         raise
@@ -75,9 +80,10 @@ def _serve(args: WorkerArgs, conn: Connection) -> None:
                         kv_cache = torch.zeros(shape, dtype=model.kv_dtype)
                     model.forward(message.input_ids, message.positions, message.meta, kv_cache,
                                   message.dtype)
-                case messages.Logits():
+                case messages.Logits():  # sent only to the ranks holding vocabulary slices
+                    assert logits_comm is not None
                     part = model.compute_logits(message.hidden)
-                    comm.gather_columns(part, args.logit_widths)
+                    logits_comm.gather_columns(part, args.logit_widths)
                 case messages.Close():
                     return
 
