@@ -68,6 +68,10 @@ def test_ep2_gives_the_single_process_logits_and_tokens(model_id):
     parallel, _ = build_engine(ep2, config)
     try:
         assert isinstance(parallel.runner.model, ParallelLM)
+        # Both ranks keep every layer's KV (attention is replicated), and the budget bounds
+        # them together: half the blocks.
+        assert parallel.blocks.num_blocks == single.blocks.num_blocks // 2
+        assert parallel.kv_pool_bytes <= config.kv_cache_bytes
         prompts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
         single.sampler, parallel.sampler = Recorder(single.sampler), Recorder(parallel.sampler)
         for prompt in prompts:

@@ -105,6 +105,9 @@ def test_a_layout_gives_the_single_process_logits_and_tokens(single, parallel, l
     # The root's pages: with tp its KV heads (2 of SmolLM2's 3), with pp its stage's layers.
     assert heads == (2 if layout.tp > 1 else 3)
     assert (layers < 30) == (layout.pp > 1)
+    # The ranks' pages add up to one process's, and the budget bounds them all: as many blocks.
+    assert parallel.blocks.num_blocks == single.blocks.num_blocks
+    assert parallel.kv_pool_bytes == single.kv_pool_bytes <= CONFIG.kv_cache_bytes
     single.sampler, parallel.sampler = Recorder(single.sampler), Recorder(parallel.sampler)
     for prompt in PROMPTS:
         assert _generate(parallel, [prompt]) == _generate(single, [prompt])

@@ -120,8 +120,10 @@ class LLMEngine:
 
     @property
     def kv_pool_bytes(self) -> int:
-        """Bytes the KV pages take (at most config.kv_cache_bytes, the budget)."""
-        return self.runner.kv_cache.nbytes
+        """Bytes the KV pages take, a parallel layout's workers' included (at most
+        config.kv_cache_bytes, the budget)."""
+        return self.blocks.num_blocks * kv_bytes_per_block(self.runner.model,
+                                                           self.config.block_size)
 
     def stats(self) -> EngineStats:
         """The engine's load now; any thread may call it. It reads list lengths and ints, each

@@ -30,8 +30,12 @@ class CausalLM(Protocol):
 
 
 def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
+    """Bytes a block of the model's KV takes: its pages here and, for a model whose ranks in
+    other processes hold pages of their own (runtime/parallel: ParallelLM, which says what a
+    token's KV takes there), theirs too, so that a budget bounds them all."""
     shape = model.kv_cache_shape(1, block_size)
-    return torch.Size(shape).numel() * model.kv_dtype.itemsize
+    elsewhere = getattr(model, "kv_bytes_per_token_elsewhere", 0)
+    return torch.Size(shape).numel() * model.kv_dtype.itemsize + block_size * elsewhere
 
 
 class ModelRunner:

@@ -38,6 +38,7 @@ class Close:
 @dataclass(slots=True)
 class Ready:
     weight_bytes: int
+    kv_bytes_per_token: int  # its pages' bytes per token (its layers and heads)
 
 
 @dataclass(slots=True)

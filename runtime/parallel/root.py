@@ -72,7 +72,7 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
         comm = Collectives.connect(port, ROOT, world, TIMEOUT_S)
         shard = strategy.shard(loaded.model, ROOT, layout, comm, plan)
         logits_comm = comm.subgroup(range(vocab_ranks))  # the workers' join it as they start
-        worker_bytes = sum(_ready(process, conn) for process, conn in workers)
+        ready = [_ready(process, conn) for process, conn in workers]
     except (ValueError, ModelLostError) as exc:
         _stop(workers)
         raise ModelUnavailableError(f"{loaded.spec.id} cannot run with parallel "
@@ -80,7 +80,7 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
     except BaseException:
         _stop(workers)
         raise
-    model = ParallelLM(shard, comm, workers, worker_bytes,
+    model = ParallelLM(shard, comm, workers, ready,
                        (logits_comm, widths) if vocab_ranks > 1 else None)
     return replace(loaded, model=model)
 
@@ -100,8 +100,8 @@ class SpawnedStrategy:
         return None  # every rank's part follows from its rank alone
 
 
-def _ready(process: mp.process.BaseProcess, conn: Connection) -> int:
-    """A worker's weight bytes once it has loaded its shard."""
+def _ready(process: mp.process.BaseProcess, conn: Connection) -> messages.Ready:
+    """A worker's word that it has loaded its shard."""
     if not conn.poll(TIMEOUT_S):
         raise ModelLostError(f"{process.name} did not start in {TIMEOUT_S:.0f} s")
     try:
@@ -111,7 +111,7 @@ def _ready(process: mp.process.BaseProcess, conn: Connection) -> int:
     if isinstance(message, messages.Failed):
         raise ValueError(f"{process.name}: {message.error}")
     assert isinstance(message, messages.Ready)
-    return message.weight_bytes
+    return message
 
 
 def _stop(workers: list[tuple[mp.process.BaseProcess, Connection]]) -> None:
@@ -131,16 +131,21 @@ class ParallelLM:
     it like any other)."""
 
     def __init__(self, shard: CausalLM, comm: Collectives,
-                 workers: list[tuple[mp.process.BaseProcess, Connection]], worker_bytes: int,
-                 vocab: tuple[Collectives, list[int]] | None) -> None:
-        """vocab: the ranks holding slices of the vocabulary (the root and the first workers)
-        and each one's columns of the logits, which the root gathers from them; None where
-        the root computes them all (its shard holds the whole LM head)."""
+                 workers: list[tuple[mp.process.BaseProcess, Connection]],
+                 ready: list[messages.Ready], vocab: tuple[Collectives, list[int]] | None
+                 ) -> None:
+        """ready: what each worker said once loaded. vocab: the ranks holding slices of the
+        vocabulary (the root and the first workers) and each one's columns of the logits,
+        which the root gathers from them; None where the root computes them all (its shard
+        holds the whole LM head)."""
         self.shard = shard
         self.comm = comm
         self.workers = workers
         self.vocab = vocab
-        self.worker_bytes = worker_bytes
+        self.worker_bytes = sum(r.weight_bytes for r in ready)
+        # The workers' KV pages, as many blocks as the root's: the engine sizes the pool so
+        # that every rank's pages fit its budget (model_runner.kv_bytes_per_block).
+        self.kv_bytes_per_token_elsewhere = sum(r.kv_bytes_per_token for r in ready)
         self.kv_dtype = shard.kv_dtype
         self.weight_precision = shard.weight_precision
         self._lost = False

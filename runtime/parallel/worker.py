@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from edgefire.contract.catalog import ModelSpec
-from edgefire.runtime.engine.model_runner import CausalLM
+from edgefire.runtime.engine.model_runner import CausalLM, kv_bytes_per_block
 from edgefire.runtime.engine.precision import Precision
 from edgefire.runtime.loading import load_lm
 from edgefire.runtime.loading.parallel_layout import ParallelLayout
@@ -65,7 +65,7 @@ def _serve(args: WorkerArgs, conn: Connection) -> None:
     except BaseException as exc:
         messages.send(conn, messages.Failed(f"{type(exc).__name__}: {exc}"))
         raise
-    messages.send(conn, messages.Ready(model.weight_bytes))
+    messages.send(conn, messages.Ready(model.weight_bytes, kv_bytes_per_block(model, 1)))
     kv_cache: torch.Tensor | None = None
     with torch.inference_mode():
         while True:
