@@ -206,6 +206,12 @@ inline void prefill_task(const float* q, const void* keys_in, const void* values
       float correction[kRows];
       const int64_t keys_seen = softmax_tile(weights, r0, rows, group, first_pos, i0, t0,
                                              run_max.data(), run_sum.data(), correction);
+      // The weights in BF16 for P·V's dot products, rounded once for every d0 below.
+      alignas(64) uint16_t pairs[kRows][kKeys];
+      if constexpr (Pairs)
+        for (int64_t u = 0; u < kRows; ++u)
+          for (int v = 0; v < kVecs; ++v)
+            vstore_bf16(pairs[u] + v * kWidth, vload(weights[u] + v * kWidth));
       // The quad's weighted values, kOut vectors of each row's output at a time (4 x kOut
       // sums in registers), each value row loaded once for the four rows.
       for (int d0 = 0; d0 < DV; d0 += kOut) {
@@ -217,11 +223,7 @@ inline void prefill_task(const float* q, const void* keys_in, const void* values
                                     : vzero();
         if constexpr (Pairs) {
 #if defined(__AVX512BF16__)
-          // Two keys at a time: the weights as BF16 pairs (a key past keys_seen weighs 0).
-          alignas(64) uint16_t pairs[kRows][kKeys];
-          for (int64_t u = 0; u < kRows; ++u)
-            for (int v = 0; v < kVecs; ++v) vstore_bf16(pairs[u] + v * kWidth,
-                                                        vload(weights[u] + v * kWidth));
+          // Two keys at a time, their weights as BF16 pairs (a key past keys_seen weighs 0).
           for (int64_t j = 0; j < (keys_seen + 1) / 2; ++j) {
             __m512i vv[kOut];
             for (int d = 0; d < kOut; ++d) {

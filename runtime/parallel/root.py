@@ -71,7 +71,7 @@ def launch(loaded: LoadedLM, layout: ParallelLayout, precision: Precision,
             threads.apply(ROOT)
         comm = Collectives.connect(port, ROOT, world, TIMEOUT_S)
         shard = strategy.shard(loaded.model, ROOT, layout, comm, plan)
-        logits_comm = comm.subgroup(range(vocab_ranks))  # the workers' join it as they start
+        logits_comm = comm.subgroup(range(vocab_ranks))  # the workers join it as they start
         ready = [_ready(process, conn) for process, conn in workers]
     except (ValueError, ModelLostError) as exc:
         _stop(workers)
