@@ -11,6 +11,13 @@
 
 namespace edgefire::simd {
 
+// BF16 dot products (vdpbf16ps): two products a lane, for the kernels' BF16 paths.
+#if defined(__AVX512BF16__)
+constexpr bool kHasBf16Pairs = true;
+#else
+constexpr bool kHasBf16Pairs = false;
+#endif
+
 #if defined(__AVX512F__)
 using vf = __m512;
 constexpr int64_t kWidth = 16;

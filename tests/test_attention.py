@@ -24,6 +24,17 @@ def _dense(q, keys, values):
     return out[0, :, 0]
 
 
+def _dense_bf16_products(q, keys, values):
+    """What the kernels compute over a BF16 cache with AVX512-BF16 (paged_decode.h): Q times
+    the scale and the softmax's unnormalised weights rounded to BF16 for the products, the
+    rest float32."""
+    group = q.shape[0] // keys.shape[0]
+    k, v = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    scores = torch.einsum("hd,hld->hl", (q * q.shape[-1] ** -0.5).bfloat16().float(), k)
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return torch.einsum("hl,hld->hd", p.bfloat16().float(), v) / p.sum(-1, keepdim=True)
+
+
 def _decode_case(dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     cache = torch.randn(2, KV_HEADS, BLOCKS, BLOCK, HEAD_DIM, generator=g).to(dtype)
@@ -74,10 +85,18 @@ def test_native_decode_kernel_register_tiled_shapes(dtype, head_dim, group):
     q = torch.randn(len(lens), kv_heads * group, head_dim, generator=g)
     out = kernel.paged_decode(q, cache[0].contiguous(), cache[1].contiguous(), tables, lens,
                               head_dim**-0.5)
+    # With AVX512-BF16 a BF16 cache's products in the register-tiled task are BF16 dot
+    # products: against dense attention with the same roundings, and within what they cost.
+    pairs = dtype == torch.bfloat16 and kernel.bf16_pairs and group <= 8
     for s, n in enumerate(lens.tolist()):
         kv = cache[:, :, tables[s]].reshape(2, kv_heads, -1, head_dim)[:, :, :n].float()
         expected = _dense(q[s], kv[0], kv[1])
-        torch.testing.assert_close(out[s], expected, atol=1e-5, rtol=1e-4)
+        if not pairs:
+            torch.testing.assert_close(out[s], expected, atol=1e-5, rtol=1e-4)
+            continue
+        torch.testing.assert_close(out[s], _dense_bf16_products(q[s], kv[0], kv[1]),
+                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(out[s], expected, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("native", [True, False])

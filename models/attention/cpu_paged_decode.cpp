@@ -33,4 +33,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_decode", &paged_decode); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode);
+  // A BF16 cache's Q·K and P·V in BF16 dot products (Q and P rounded to BF16), else float32.
+#if defined(EDGEFIRE_SIMD)
+  m.attr("bf16_pairs") = edgefire::simd::kHasBf16Pairs;
+#else
+  m.attr("bf16_pairs") = false;
+#endif
+}

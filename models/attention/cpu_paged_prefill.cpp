@@ -9,7 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(EDGEFIRE_SIMD)
   m.attr("vectorized") = true;
   // A BF16 cache's Q·K and P·V in BF16 dot products (Q and P rounded to BF16), else float32.
-  m.attr("bf16_pairs") = edgefire::attention::prefill::kHasPairs;
+  m.attr("bf16_pairs") = edgefire::simd::kHasBf16Pairs;
 #else
   m.attr("vectorized") = false;  // SDPA serves prefill: a scalar loop would be slower
   m.attr("bf16_pairs") = false;

@@ -75,12 +75,6 @@ inline void widen_tile(const T* kh, const T* vh, const int64_t* table, int64_t b
   }
 }
 
-#if defined(__AVX512BF16__)
-constexpr bool kHasPairs = true;
-#else
-constexpr bool kHasPairs = false;
-#endif
-
 // The same tile of a BF16 cache as pairs for BF16 dot products: keys [D / 2][kKeys][2] (a
 // key's dims 2p and 2p + 1 side by side) and values [kKeys / 2][D][2] (keys 2j and 2j + 1 of
 // a dim side by side), zero past the context.
@@ -301,7 +295,7 @@ inline torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch
     TORCH_CHECK(pages[b] >= 0 && pages[b] < blocks, "block table entry out of range");
   auto out = torch::empty_like(q);
 #if defined(EDGEFIRE_SIMD)
-  const bool pairs = kHasPairs && k_cache.scalar_type() == torch::kBFloat16;
+  const bool pairs = kHasBf16Pairs && k_cache.scalar_type() == torch::kBFloat16;
   const Task task = pairs ? task_for<true>(head_dim) : task_for<false>(head_dim);
   TORCH_CHECK(task != nullptr, "head_dim: 64 or 128");
   const int64_t group = heads / kv_heads, first_pos = context_len - n;
