@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench._common import SENTENCES, log, machine_info, markdown_table, ratio, write_results
 from bench.gguf_variants import FORMATS, SHIPPED, ensure_variants
@@ -114,6 +115,20 @@ def make_levels(args: argparse.Namespace) -> list[tuple[int, list[dict], list[fl
     return out
 
 
+DRAFT_METRICS = {"proposed": "edgefire_spec_decode_draft_tokens_total",
+                 "accepted": "edgefire_spec_decode_accepted_tokens_total"}
+
+
+def draft_counts(base: str) -> dict[str, float]:
+    """The node's speculative draft counters (/metrics), summed over its models."""
+    text = httpx.get(base + "/metrics", timeout=30).text
+    counts = dict.fromkeys(DRAFT_METRICS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for key, name in DRAFT_METRICS.items():
+            counts[key] += sum(s.value for s in family.samples if s.name == name)
+    return counts
+
+
 def run_edgefire(levels: list[tuple[int, list[dict], list[float]]]
                  ) -> tuple[list[dict], list[list[RequestTrace]]]:
     port = free_port()
@@ -125,7 +140,11 @@ def run_edgefire(levels: list[tuple[int, list[dict], list[float]]]
         node_ps = psutil.Process(node.pid)
         httpx.post(base + ROUTE, json={"prompt": "warm up", "max_tokens": 4}, timeout=300)
         for clients, workload, gaps in levels:
+            before = draft_counts(base)
             level_traces, summary = drive(base, clients, workload, gaps, one_request, node_ps)
+            after = draft_counts(base)
+            # speculative drafts verified at this level, and how many stood
+            summary["drafts"] = {k: int(after[k] - before[k]) for k in DRAFT_METRICS}
             log(f"edgefire C={clients}: {summary}")
             summaries.append(summary)
             traces.append(level_traces)
@@ -191,10 +210,12 @@ def render(levels: list[dict], peers: dict[str, dict], vs: dict, roof: dict) -> 
     named.sort(key=lambda pair: pair[1]["clients"])
     rows = [[r["clients"], name, r["requests"], r["req_s"], r["output_tok_s"],
              f"{r['ttft_ms']['p50']} / {r['ttft_ms']['p99']}",
-             f"{r['itl_ms']['p50']} / {r['itl_ms']['p99']}", r["node_cpu_cores"]]
+             f"{r['itl_ms']['p50']} / {r['itl_ms']['p99']}", r["node_cpu_cores"],
+             f"{r['drafts']['accepted']} / {r['drafts']['proposed']}" if "drafts" in r else "-"]
             for name, r in named]
     table = markdown_table(["clients", "server", "requests", "req/s", "output tok/s",
-                            "TTFT p50/p99 ms", "ITL p50/p99 ms", "server CPU (cores)"], rows)
+                            "TTFT p50/p99 ms", "ITL p50/p99 ms", "server CPU (cores)",
+                            "drafts accepted / proposed"], rows)
     ratios = markdown_table(
         ["clients", "output tok/s (higher: edgefire ahead)", "ITL p99 (lower: edgefire ahead)",
          "TTFT p99 (lower: edgefire ahead)", "vs llama-server"],

@@ -80,6 +80,8 @@ def test_metrics_exposition_names(client):
                  "kv_cache_usage_ratio gauge", "kv_blocks_in_use gauge",
                  "prefix_cache_queries_total counter",
                  "prefix_cache_hits_total counter", "preemptions_total counter",
+                 "spec_decode_draft_tokens_total counter",
+                 "spec_decode_accepted_tokens_total counter",
                  "prompt_tokens_total counter", "generation_tokens_total counter",
                  "requests_total counter", "time_to_first_token_seconds histogram",
                  "inter_token_latency_seconds histogram",

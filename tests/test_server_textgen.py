@@ -202,6 +202,8 @@ def test_metrics_after_requests(server):
     queried = _sample(server, "edgefire_prefix_cache_queries_total")
     assert 0 < _sample(server, "edgefire_prefix_cache_hits_total") <= queried
     assert _sample(server, "edgefire_preemptions_total") >= 0
+    drafts = _sample(server, "edgefire_spec_decode_draft_tokens_total")
+    assert 0 <= _sample(server, "edgefire_spec_decode_accepted_tokens_total") <= drafts
 
 
 def test_health_lists_the_loaded_model(server):

@@ -1,5 +1,5 @@
 """Speculative decoding by n-gram prompt lookup: drafts proposed from earlier occurrences,
-verified in one fused step, greedy output identical to one-token steps."""
+verified in one fused step, greedy and seeded sampled output identical to one-token steps."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def test_greedy_output_is_identical_with_and_without_drafts(tokenizer):
     # Three sequences with three drafts each fill the fused step's twelve rows.
     off = _greedy(_engine(tokenizer, "off"), PROMPTS[:3], max_tokens=40)
     engine = _engine(tokenizer, "ngram")
+    engine.speculator.config = dataclasses.replace(engine.speculator.config, step_rows=12)
     on = _greedy(engine, PROMPTS[:3], max_tokens=40)
     assert on == off
     s = engine.speculator
@@ -82,28 +83,71 @@ def test_no_drafts_when_the_batch_has_no_rows_to_spare(tokenizer):
     assert engine.speculator.num_steps == 0
 
 
-def test_sampled_requests_take_no_drafts(tokenizer):
-    engine = _engine(tokenizer, "ngram")
-    p = SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True)
-    engine.add_request("s", PROMPTS[0], p)
+def _sampled(engine: LLMEngine, prompts: list[list[int]], **params) -> list[list[int]]:
+    out: dict[str, list[int]] = {f"s{i}": [] for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"s{i}", prompt, SamplingParams(
+            temperature=0.5, seed=i + 1, max_tokens=40, ignore_eos=True, **params))
     while engine.has_unfinished():
-        engine.step()
+        for o in engine.step():
+            out[o.request_id] += o.token_ids
+    return list(out.values())
+
+
+def test_seeded_sampled_output_is_identical_with_and_without_drafts(tokenizer):
+    # Each verify row is sampled with the request's next draw until one differs from its
+    # draft, so the same seed gives the same tokens whether drafts ran or not.
+    off = _sampled(_engine(tokenizer, "off"), PROMPTS[:2])
+    engine = _engine(tokenizer, "ngram")
+    on = _sampled(engine, PROMPTS[:2])
+    assert on == off
+    s = engine.speculator
+    assert s.num_steps > 0 and 0 < s.num_accepted < s.num_proposed
+    stats = engine.stats()  # as /metrics reports them
+    assert (stats.num_draft_tokens, stats.num_accepted_draft_tokens) == (s.num_proposed,
+                                                                        s.num_accepted)
+
+
+def test_drafts_keep_a_step_within_step_rows(tokenizer):
+    engine = _engine(tokenizer, "ngram")
+    engine.speculator.config = dataclasses.replace(engine.speculator.config, step_rows=6)
+    rows: list[int] = []
+    execute = engine.runner.execute
+
+    def counted(batch):
+        rows.append(sum(batch.num_scheduled_tokens))
+        return execute(batch)
+
+    engine.runner.execute = counted
+    off = _greedy(_engine(tokenizer, "off"), PROMPTS[:3], max_tokens=20)
+    assert _greedy(engine, PROMPTS[:3], max_tokens=20) == off
+    decode_rows = rows[1:]  # after the step that took the three prompts
+    assert engine.speculator.num_steps > 0 and 3 < max(decode_rows) <= 6
+
+
+def test_penalized_requests_take_no_drafts(tokenizer):
+    engine = _engine(tokenizer, "ngram")
+    _sampled(engine, PROMPTS[:1], repetition_penalty=1.2)
     assert engine.speculator.num_steps == 0
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_identical_and_drafts_accepted():
+def test_smollm2_greedy_and_seeded_sampled_identical_and_drafts_accepted():
     try:
         resolve_source(GGUF)
     except WeightsNotFoundError as e:
         pytest.skip(str(e))
     messages = [{"role": "user", "content": "Repeat exactly, three times: the quick brown fox "
                                             "jumps over the lazy dog."}]
-    p = SamplingParams(temperature=0.0, max_tokens=48)
-    runs = {}
+    params = {"greedy": SamplingParams(temperature=0.0, max_tokens=48),
+              "sampled": SamplingParams(temperature=0.7, seed=7, max_tokens=48)}
+    runs: dict[tuple[str, str], list[int]] = {}
     for mode in ("off", "ngram"):
         llm = LLM(SMOL, dtype="bfloat16", engine_config=EngineConfig(speculative=mode))
-        runs[mode] = llm.chat(messages, p)[0].token_ids
-        if mode == "ngram":
-            assert llm.engine.speculator.num_accepted > 0
-    assert runs["ngram"] == runs["off"]
+        for kind, p in params.items():
+            accepted = llm.engine.speculator.num_accepted
+            runs[mode, kind] = llm.chat(messages, p)[0].token_ids
+            if mode == "ngram":
+                assert llm.engine.speculator.num_accepted > accepted, kind
+    for kind in params:
+        assert runs["ngram", kind] == runs["off", kind], kind

@@ -46,7 +46,7 @@ class EngineConfig:
     auto_bfloat16_min_tokens: int = 8
     # Which requests run batch-invariant (runtime/engine/deterministic.py): off, seeded, all.
     deterministic: str = "off"
-    # Speculative decoding for greedy requests (runtime/engine/speculative.py): ngram, off.
+    # Speculative decoding (runtime/engine/speculative.py): ngram, off.
     speculative: str = "ngram"
     num_speculative_tokens: int = 3
 
@@ -136,7 +136,9 @@ class LLMEngine:
             num_prefix_queried_tokens=blocks.num_prefix_queried_tokens,
             num_prefix_hit_tokens=blocks.num_prefix_hit_tokens,
             num_prefix_remote_hit_tokens=blocks.num_prefix_remote_hit_tokens,
-            num_preemptions=scheduler.num_preemptions)
+            num_preemptions=scheduler.num_preemptions,
+            num_draft_tokens=self.speculator.num_proposed,
+            num_accepted_draft_tokens=self.speculator.num_accepted)
 
     # The remote tier (runtime/engine/remote_kv/tier.py), when the KV backend has a store.
     def prefix_hashes(self, seq: Sequence) -> list[bytes]:

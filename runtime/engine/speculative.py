@@ -4,16 +4,18 @@ When a sequence's last few tokens occurred earlier in its prompt or output, the 
 followed them then are a cheap guess at what follows now (quoted text, code being edited,
 lists, repetition). The guess is appended as draft tokens and the next step computes the
 real last token and every draft at once, each as a decode row over the sequence's own pages
-(row j attends to the context up to draft j). Greedy verification keeps the drafts that equal
-the model's own argmax and adds the model's next token after them, so the output is what
-one-token steps would have produced: the same argmax over the same rows, since the fused
-decode step computes each row the same whatever rows share its step (models/fused).
+(row j attends to the context up to draft j). Verification keeps the drafts that equal the
+model's own token for that row (its argmax, or for a sampled request its draw from that row,
+drawn in order until one differs: runtime/engine/sampler.py) and adds the model's next token
+after them, so the output is what one-token steps would have produced: the same choice over
+the same rows, since the fused decode step computes each row the same whatever rows share its
+step (models/fused), with the same draws.
 
 It pays only while a step has rows to spare: a decode step reads every weight once whatever
-its row count up to a few rows, so verifying 3 drafts costs ~1.5x a one-token step here
-(bench/kernels.py), and nothing when no n-gram matches. So it runs for greedy requests without
-penalties, constraints or deterministic mode, and only while the running batch with its
-drafts fits `max_rows` rows of a batch-invariant step.
+its row count up to a few rows, so verifying 3 drafts costs ~1.1x a one-token step here
+(bench/kernels.py), and nothing when no n-gram matches. So it runs for requests without
+penalties, constraints or deterministic mode, only while the running batch with its drafts
+fits `max_rows` rows of a batch-invariant step, and only up to `step_rows` rows a step.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class SpeculativeConfig:
     # batch_invariant_decode_rows: models/fused's MAX_ROWS, or 0 where drafts would not
     # give exactly the one-token steps' output).
     max_rows: int = 0
+    # Rows a step may grow to with drafts. A decode step's time is nearly flat only up to a
+    # few rows: on the 2-core Zen 4 1, 4, 8, 16 rows took 9.0, 9.9, 12.7, 21.4 ms
+    # (bench/results/kernels.json), so past 8 rows a draft costs more than the ~0.4 tokens
+    # a proposed draft wins back for sampled text (SmolLM2, temperature 0.7).
+    step_rows: int = 8
 
 
 def propose_ngram(tokens: list[int], num_draft: int, max_ngram: int, min_ngram: int
@@ -65,24 +72,29 @@ class Speculator:
 
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
-        return (p.greedy and not p.has_penalties and seq.constraint is None
-                and not seq.deterministic and seq.num_computed_tokens == seq.num_tokens - 1)
+        return (not p.has_penalties and seq.constraint is None and not seq.deterministic
+                and seq.num_computed_tokens == seq.num_tokens - 1)
 
     def propose(self, running: list[Sequence]) -> None:
-        """Append drafts to the running sequences, while their rows fit a fused step."""
+        """Append drafts to the running sequences, while their rows fit a fused step and
+        the step stays within step_rows."""
         c = self.config
         if c.mode == "off" or not running or len(running) * (1 + c.num_draft_tokens) > c.max_rows:
             return
+        rows = len(running)
         for seq in running:
+            if rows >= c.step_rows:
+                return
             if not self.eligible(seq):
                 continue
             # Never past max_tokens: the last allowed token is the model's own, not a draft.
             room = seq.params.max_tokens - seq.num_output_tokens - 1
-            draft = propose_ngram(seq.token_ids, min(c.num_draft_tokens, room), c.max_ngram,
-                                  c.min_ngram)
+            draft = propose_ngram(seq.token_ids, min(c.num_draft_tokens, room, c.step_rows - rows),
+                                  c.max_ngram, c.min_ngram)
             if draft:
                 seq.token_ids.extend(draft)
                 seq.num_draft = len(draft)
+                rows += len(draft)
 
     def withdraw(self, seqs: list[Sequence]) -> None:
         """Remove the drafts of sequences whose drafts will not be verified."""

@@ -17,6 +17,8 @@ class EngineStats:
     num_prefix_hit_tokens: int  # of those, tokens found there
     num_prefix_remote_hit_tokens: int  # of the hits, tokens whose pages came from a KV store
     num_preemptions: int  # sequences preempted, to be recomputed
+    num_draft_tokens: int  # speculative draft tokens verified
+    num_accepted_draft_tokens: int  # of those, drafts that stood
 
     @property
     def kv_usage(self) -> float:

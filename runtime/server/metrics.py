@@ -140,6 +140,10 @@ class _EngineCollector(Collector):
         hits = counter("edgefire_prefix_cache_hits_total",
                        "Prompt tokens found in the prefix cache.")
         preemptions = counter("edgefire_preemptions_total", "Sequences preempted.")
+        drafts = counter("edgefire_spec_decode_draft_tokens_total",
+                         "Speculative draft tokens verified.")
+        accepted = counter("edgefire_spec_decode_accepted_tokens_total",
+                           "Speculative draft tokens accepted.")
         for name, stats in _engine_stats(self._node):
             running.add_metric([name], stats.num_running)
             waiting.add_metric([name], stats.num_waiting)
@@ -148,7 +152,9 @@ class _EngineCollector(Collector):
             queries.add_metric([name], stats.num_prefix_queried_tokens)
             hits.add_metric([name], stats.num_prefix_hit_tokens)
             preemptions.add_metric([name], stats.num_preemptions)
-        yield from (running, waiting, usage, in_use, queries, hits, preemptions)
+            drafts.add_metric([name], stats.num_draft_tokens)
+            accepted.add_metric([name], stats.num_accepted_draft_tokens)
+        yield from (running, waiting, usage, in_use, queries, hits, preemptions, drafts, accepted)
 
 
 def _engine_stats(node: EdgeNode) -> Iterator[tuple[str, EngineStats]]:
