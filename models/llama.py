@@ -172,7 +172,8 @@ class LlamaForCausalLM(PagedGQADecoder):
     def batch_invariant_decode_rows(self, dtype: torch.dtype) -> int:
         """How many decode rows a step of this dtype computes each independently of the others
         (bit for bit): the fused step's, or none. Speculative decoding verifies drafts only
-        within this, so its greedy output is exactly that of one-token steps."""
+        within this, so its output (greedy, or sampled with the same draws) is exactly that of
+        one-token steps."""
         fused = self._fused_step()
         return fused.max_rows if fused is not None and dtype == torch.bfloat16 else 0
 
