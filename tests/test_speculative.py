@@ -61,7 +61,6 @@ def test_greedy_output_is_identical_with_and_without_drafts(tokenizer):
     # Three sequences with three drafts each fill the fused step's twelve rows.
     off = _greedy(_engine(tokenizer, "off"), PROMPTS[:3], max_tokens=40)
     engine = _engine(tokenizer, "ngram")
-    engine.speculator.config = dataclasses.replace(engine.speculator.config, step_rows=12)
     on = _greedy(engine, PROMPTS[:3], max_tokens=40)
     assert on == off
     s = engine.speculator
@@ -108,9 +107,8 @@ def test_seeded_sampled_output_is_identical_with_and_without_drafts(tokenizer):
                                                                         s.num_accepted)
 
 
-def test_drafts_keep_a_step_within_step_rows(tokenizer):
-    engine = _engine(tokenizer, "ngram")
-    engine.speculator.config = dataclasses.replace(engine.speculator.config, step_rows=6)
+def _rows_per_step(engine: LLMEngine) -> list[int]:
+    """Record the rows of every step the engine runs from now on."""
     rows: list[int] = []
     execute = engine.runner.execute
 
@@ -119,10 +117,25 @@ def test_drafts_keep_a_step_within_step_rows(tokenizer):
         return execute(batch)
 
     engine.runner.execute = counted
-    off = _greedy(_engine(tokenizer, "off"), PROMPTS[:3], max_tokens=20)
-    assert _greedy(engine, PROMPTS[:3], max_tokens=20) == off
+    return rows
+
+
+def test_sampled_drafts_keep_a_step_within_sampled_step_rows(tokenizer):
+    engine = _engine(tokenizer, "ngram")
+    engine.speculator.config = dataclasses.replace(engine.speculator.config,
+                                                   sampled_step_rows=4)
+    rows = _rows_per_step(engine)
+    off = _sampled(_engine(tokenizer, "off"), PROMPTS[:3])
+    assert _sampled(engine, PROMPTS[:3]) == off
     decode_rows = rows[1:]  # after the step that took the three prompts
-    assert engine.speculator.num_steps > 0 and 3 < max(decode_rows) <= 6
+    assert engine.speculator.num_steps > 0 and max(decode_rows) == 4
+    # Greedy requests' drafts go up to the batch-invariant rows.
+    greedy = _engine(tokenizer, "ngram")
+    greedy.speculator.config = dataclasses.replace(greedy.speculator.config,
+                                                   sampled_step_rows=4)
+    rows = _rows_per_step(greedy)
+    _greedy(greedy, PROMPTS[:3], max_tokens=40)
+    assert max(rows[1:]) > 4
 
 
 def test_penalized_requests_take_no_drafts(tokenizer):

@@ -15,7 +15,8 @@ It pays only while a step has rows to spare: a decode step reads every weight on
 its row count up to a few rows, so verifying 3 drafts costs ~1.1x a one-token step here
 (bench/kernels.py), and nothing when no n-gram matches. So it runs for requests without
 penalties, constraints or deterministic mode, only while the running batch with its drafts
-fits `max_rows` rows of a batch-invariant step, and only up to `step_rows` rows a step.
+fits `max_rows` rows of a batch-invariant step; a sampled request's drafts only while the step
+stays within `sampled_step_rows` (their drafts stand about half as often as greedy ones).
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ class SpeculativeConfig:
     # batch_invariant_decode_rows: models/fused's MAX_ROWS, or 0 where drafts would not
     # give exactly the one-token steps' output).
     max_rows: int = 0
-    # Rows a step may grow to with drafts. A decode step's time is nearly flat only up to a
-    # few rows: on the 2-core Zen 4 1, 4, 8, 16 rows took 9.0, 9.9, 12.7, 21.4 ms
-    # (bench/results/kernels.json), so past 8 rows a draft costs more than the ~0.4 tokens
-    # a proposed draft wins back for sampled text (SmolLM2, temperature 0.7).
-    step_rows: int = 8
+    # Rows a step may grow to with sampled requests' drafts. A decode step's time is nearly
+    # flat only up to a few rows: on the 2-core Zen 4 1, 4, 8, 16, 32 rows took 9.0, 9.9,
+    # 12.7, 21.4, 36.8 ms (bench/results/kernels.json). A sampled draft stands about half the
+    # time (SmolLM2, temperature 0.7: 55 of 138, 133 of 253), so past 8 rows it costs more
+    # than it wins. Greedy drafts stood 96.5% of the time in bench/engine.py's runs, where
+    # 3 rows of drafts give ~2.8 tokens: they pay up to max_rows.
+    sampled_step_rows: int = 8
 
 
 def propose_ngram(tokens: list[int], num_draft: int, max_ngram: int, min_ngram: int
@@ -76,20 +79,19 @@ class Speculator:
                 and seq.num_computed_tokens == seq.num_tokens - 1)
 
     def propose(self, running: list[Sequence]) -> None:
-        """Append drafts to the running sequences, while their rows fit a fused step and
-        the step stays within step_rows."""
+        """Append drafts to the running sequences, while their rows fit a fused step (and, for
+        sampled requests, the step stays within sampled_step_rows)."""
         c = self.config
         if c.mode == "off" or not running or len(running) * (1 + c.num_draft_tokens) > c.max_rows:
             return
         rows = len(running)
         for seq in running:
-            if rows >= c.step_rows:
-                return
-            if not self.eligible(seq):
+            limit = c.max_rows if seq.params.greedy else c.sampled_step_rows
+            if rows >= limit or not self.eligible(seq):
                 continue
             # Never past max_tokens: the last allowed token is the model's own, not a draft.
             room = seq.params.max_tokens - seq.num_output_tokens - 1
-            draft = propose_ngram(seq.token_ids, min(c.num_draft_tokens, room, c.step_rows - rows),
+            draft = propose_ngram(seq.token_ids, min(c.num_draft_tokens, room, limit - rows),
                                   c.max_ngram, c.min_ngram)
             if draft:
                 seq.token_ids.extend(draft)
