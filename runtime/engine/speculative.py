@@ -45,8 +45,8 @@ class SpeculativeConfig:
     # flat only up to a few rows: on the 2-core Zen 4 1, 4, 8, 16, 32 rows took 9.0, 9.9,
     # 12.7, 21.4, 36.8 ms (bench/results/kernels.json). A sampled draft stands about half the
     # time (SmolLM2, temperature 0.7: 55 of 138, 133 of 253), so past 8 rows it costs more
-    # than it wins. Greedy drafts stood 96.5% of the time in bench/engine.py's runs, where
-    # 3 rows of drafts give ~2.8 tokens: they pay up to max_rows.
+    # than it wins. Greedy drafts stood 89-97% of the time in bench/engine.py's runs at one
+    # and eight sequences, where 3 rows of drafts give ~2.7 tokens: they pay up to max_rows.
     sampled_step_rows: int = 8
 
 
