@@ -41,15 +41,21 @@ def _engine(tokenizer, mode: str) -> LLMEngine:
     return LLMEngine(model, tokenizer, config, CONFIG.vocab_size, create_local_paged_pool)
 
 
-def _greedy(engine: LLMEngine, prompts: list[list[int]], **params) -> list[list[int]]:
-    p = SamplingParams(temperature=0.0, ignore_eos=True, **params)
-    for i, prompt in enumerate(prompts):
+def _outputs(engine: LLMEngine, params: list[SamplingParams], prompts: list[list[int]]
+             ) -> list[list[int]]:
+    """Each prompt's tokens, run together with its own params to the end."""
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(f"r{i}", prompt, p)
     out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     while engine.has_unfinished():
         for o in engine.step():
             out[o.request_id] += o.token_ids
     return list(out.values())
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], **params) -> list[list[int]]:
+    p = SamplingParams(temperature=0.0, ignore_eos=True, **params)
+    return _outputs(engine, [p] * len(prompts), prompts)
 
 
 # Repetitive prompts: the tiny random model falls into loops too, so drafts are accepted.
@@ -83,14 +89,9 @@ def test_no_drafts_when_the_batch_has_no_rows_to_spare(tokenizer):
 
 
 def _sampled(engine: LLMEngine, prompts: list[list[int]], **params) -> list[list[int]]:
-    out: dict[str, list[int]] = {f"s{i}": [] for i in range(len(prompts))}
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"s{i}", prompt, SamplingParams(
-            temperature=0.5, seed=i + 1, max_tokens=40, ignore_eos=True, **params))
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.token_ids
-    return list(out.values())
+    return _outputs(engine, [SamplingParams(temperature=0.5, seed=i + 1, max_tokens=40,
+                                            ignore_eos=True, **params)
+                             for i in range(len(prompts))], prompts)
 
 
 def test_seeded_sampled_output_is_identical_with_and_without_drafts(tokenizer):
