@@ -9,11 +9,15 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
-from edgefire.models.fused import MAX_ROWS, FusedLlamaDecode, fused_kernels, weight_form
-from edgefire.models.fused.llama_decode import TORCH_ROW_STEP, pack_pairs
+from edgefire.models.fused import (
+    MAX_ROWS,
+    MAX_ROWS_BESIDE_AMX,
+    fused_kernels,
+    weight_form,
+)
+from edgefire.models.fused.llama_decode import pack_pairs
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.plugins.unweight.resident import UnweightLinear
@@ -75,7 +79,7 @@ def _case(rows: int, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None
     return model, cache, ids, positions, _decode_meta(tables, lens)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12])
 def test_fused_step_matches_float32_torch_path(kernel, rows):
     fused, fused_cache, ids, positions, meta = _case(rows, torch.bfloat16)
     ref, ref_cache, *_ = _case(rows, torch.float32)
@@ -92,45 +96,19 @@ def test_fused_step_matches_float32_torch_path(kernel, rows):
                                atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [2, 5])
-def test_fused_step_over_torchs_gemm_matches_float32_torch_path(kernel, rows):
-    # The path AMX machines take past max_rows, forced here at any row count on any machine.
-    model, cache, ids, positions, meta = _case(rows, torch.bfloat16)
-    ref, ref_cache, *_ = _case(rows, torch.float32)
-    step = FusedLlamaDecode.build(CONFIG, model.params[torch.bfloat16], torch_gemm_above=0)
-    hidden = step.forward(ids, positions, meta, cache)
-    expected = ref.forward(ids, positions, meta, ref_cache, torch.float32)
-    # Each product also rounded to BF16 (as torch's layers round them): still a few parts in
-    # a hundred over three layers.
-    torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
-    torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.1, rtol=0.05)
-    # Past max_rows the LM head is oneDNN's over its packed copy: torch's own product.
-    rows_past = torch.randn(step.max_rows + 1, CONFIG.hidden_size).bfloat16()
-    lm_head = model.params[torch.bfloat16].lm_head
-    assert torch.equal(step.logits(rows_past), F.linear(rows_past, lm_head).float())
-
-
-def test_rows_reach_onednn_in_few_shapes(kernel):
-    # oneDNN keeps a kernel and buffers per row count it meets (~0.85 MB each): steps of
-    # 13-64 rows on AMX grew a soaked node's RSS by 134 MiB before rows were padded.
-    model, cache, ids, positions, meta = _case(5, torch.bfloat16)
-    step = FusedLlamaDecode.build(CONFIG, model.params[torch.bfloat16], torch_gemm_above=0)
-    with torch.profiler.profile(record_shapes=True) as prof:
-        hidden = step.forward(ids, positions, meta, cache)
-        step.logits(torch.randn(step.max_rows + 3, CONFIG.hidden_size).bfloat16())
-    rows = [e.input_shapes[0][0] for e in prof.events() if e.name == "mkldnn::_linear_pointwise"]
-    assert len(rows) == 4 * CONFIG.num_layers + 1  # every projection of the step, the LM head
-    assert {r % TORCH_ROW_STEP for r in rows} == {0} and hidden.shape[0] == 5
-
-
-def test_step_rows_past_max_rows_only_with_amx_and_bf16_weights(monkeypatch):
+def test_max_rows_past_a_few_only_where_torch_has_no_faster_gemm(monkeypatch):
     import edgefire.models.fused.llama_decode as fused
 
     monkeypatch.setattr(fused, "has_amx", lambda: True)
-    assert fused.step_rows("avx512bf16", all_bf16=True) == fused.MAX_STEP_ROWS_WITH_AMX
-    assert fused.step_rows("avx512bf16", all_bf16=False) == MAX_ROWS
+    assert fused.max_rows("avx512bf16", amx_tiles=True, all_bf16=True) == MAX_ROWS
+    # INT8/INT4/codec forms run dot-product kernels, which oneDNN's AMX GEMM outruns.
+    assert fused.max_rows("avx512bf16", amx_tiles=True, all_bf16=False) == MAX_ROWS_BESIDE_AMX
+    # Tiles refused to this process (EDGEFIRE_AMX_TILES=0): dot products, beside torch's AMX.
+    assert fused.max_rows("avx512bf16", amx_tiles=False, all_bf16=True) == MAX_ROWS_BESIDE_AMX
     monkeypatch.setattr(fused, "has_amx", lambda: False)
-    assert fused.step_rows("avx512bf16", all_bf16=True) == fused.MAX_ROWS_WITHOUT_AMX
+    assert fused.max_rows("avx512bf16", all_bf16=False) == MAX_ROWS
+    assert fused.max_rows("avx2") == MAX_ROWS
+
 
 
 QUANTIZERS = {
@@ -234,13 +212,13 @@ def test_decodes_beside_a_prompt_chunk_still_take_the_fused_step(kernel):
 
 
 def test_prompt_chunks_take_the_fused_step_beside_decodes(kernel):
-    # Where the pairs kernel runs without AMX, whole prompts and later chunks (causal at their
+    # Where the pairs kernel multiplies the weights, whole prompts and later chunks (causal at their
     # context's end) run in the same native call as the decodes, against torch's path here.
-    from edgefire.contract.cpu import has_amx
-    if kernel.isa != "avx512bf16" or has_amx():
-        pytest.skip("prompt chunks take the fused step with AVX512-BF16 and without AMX")
     config = dataclasses.replace(CONFIG, head_dim=64)
     model, cache, ids, positions, meta = _case(2, torch.bfloat16, config=config)
+    if not model._fused_step().takes_prompts:
+        pytest.skip("prompt chunks take the fused step with AVX512-BF16, and on AMX tiles where "
+                    "torch has them")
     g = torch.Generator().manual_seed(6)
     spans, slots, new_ids, new_positions = [], [], [], []
     row = meta.num_decode_tokens
@@ -380,7 +358,7 @@ def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
 def test_steps_it_must_not_take_stay_on_the_torch_path(kernel, case):
     model, cache, ids, positions, meta = _case(2, torch.bfloat16)
     fused = model._fused_step()
-    rows = fused.step_rows + 1 if case == "too_many_rows" else 2
+    rows = fused.max_rows + 1 if case == "too_many_rows" else 2
     if case == "prefill":  # a span with a mask of its own (not causal): SDPA's
         meta.prefills = [PrefillSpan(2, 3, 3, torch.arange(1), torch.ones(3, 3, dtype=torch.bool))]
     taken = fused.takes(rows, meta, cache, torch.float32 if case == "float32" else torch.bfloat16,

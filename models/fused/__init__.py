@@ -2,10 +2,10 @@
 
 from edgefire.models.fused.llama_decode import (
     MAX_ROWS,
-    MAX_ROWS_WITHOUT_AMX,
+    MAX_ROWS_BESIDE_AMX,
     FusedLlamaDecode,
     fused_kernels,
     weight_form,
 )
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_WITHOUT_AMX", "FusedLlamaDecode", "fused_kernels", "weight_form"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_BESIDE_AMX", "FusedLlamaDecode", "fused_kernels", "weight_form"]

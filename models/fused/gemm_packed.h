@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gemm_amx.h"
 #include "gemv.h"
 
 namespace edgefire::fused {
@@ -78,6 +79,7 @@ inline void packed_rows(int64_t mr, const uint16_t* x, int64_t ldx, const uint16
 // would leave two-row tiles, which wait on their weight loads; 4 x 5 + 2 x 6 does not).
 inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
                              int64_t n, float* out) {
+  if (k % 32 == 0 && amx_usable()) return gemm_packed_amx(x, m, k, packed, n, out);
   const int64_t blocks = n / kPackedCols, pairs = k / 2;
   const int64_t block_len = pairs * kPackedCols * 2;
   // Rows per work item: all of them up to 48 (a block's weight stays in L2 between tiles),

@@ -46,8 +46,6 @@ class LlamaDecode {
   // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
   // tensors.
   // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
-  // torch_gemm_rows: steps of more rows multiply BF16 weights by torch's GEMM (Proj::torch_mm);
-  // packed[p][layer]: those weights in oneDNN's layout, or no lists (plain BF16 then).
   // pairs[p][layer]: BF16 weights as pack_bf16 lays them out for gemm_packed.h (empty tensors
   // where none), or no lists.
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
@@ -55,13 +53,11 @@ class LlamaDecode {
               std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
               std::vector<std::vector<std::vector<pybind11::object>>> forms,
               torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin,
-              int64_t torch_gemm_rows, std::vector<std::vector<torch::Tensor>> packed,
               std::vector<std::vector<torch::Tensor>> pairs)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
         hidden_(hidden), inter_(inter), embed_(embed, form_rows(embed), hidden, "embed"),
         attn_norm_(std::move(attn_norm)),
-        mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin),
-        torch_gemm_rows_(torch_gemm_rows) {
+        mlp_norm_(std::move(mlp_norm)), final_norm_(final_norm), cos_(cos), sin_(sin) {
     const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
     TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
                 "hidden and intermediate sizes must be multiples of 32");
@@ -78,12 +74,7 @@ class LlamaDecode {
     TORCH_CHECK(o_.size() == layers && gate_up_.size() == layers && down_.size() == layers &&
                     attn_norm_.size() == layers && mlp_norm_.size() == layers,
                 "one weight of each kind per layer");
-    TORCH_CHECK(packed.empty() || packed.size() == 4, "packed: none, or qkv, o, gate_up, down");
     std::vector<Proj>* kinds[] = {&qkv_, &o_, &gate_up_, &down_};
-    for (size_t p = 0; p < packed.size(); ++p) {
-      TORCH_CHECK(packed[p].size() == layers, "packed: one weight per layer");
-      for (size_t l = 0; l < layers; ++l) (*kinds[p])[l].packed = packed[p][l];
-    }
     TORCH_CHECK(pairs.empty() || pairs.size() == 4, "pairs: none, or qkv, o, gate_up, down");
     for (size_t p = 0; p < pairs.size(); ++p) {
       TORCH_CHECK(pairs[p].size() == layers, "pairs: one weight per layer");
@@ -139,7 +130,6 @@ class LlamaDecode {
                   "token id, position or slot out of range");
 
     const int64_t h_size = hidden_;
-    const bool torch_gemm = m > torch_gemm_rows_;
     std::vector<float> h(m * h_size), proj(m * std::max({qkv_size, 2 * inter_, h_size}));
     std::vector<float> q(m * q_size), attn(m * q_size);
     std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
@@ -152,7 +142,7 @@ class LlamaDecode {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
       rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      qkv_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
+      qkv_[l].apply(x, m, xf, xsum, proj.data());
       at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           float* row = proj.data() + r * qkv_size;
@@ -182,12 +172,12 @@ class LlamaDecode {
         std::copy_n(o.data_ptr<float>(), span_tokens[i] * q_size, attn.data() + row * q_size);
       }
       to_bf16(attn.data(), m * q_size, x.data());
-      o_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
+      o_[l].apply(x, m, xf, xsum, proj.data());
       add_to(h.data(), proj.data(), m * h_size);
       rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gate_up_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
+      gate_up_[l].apply(x, m, xf, xsum, proj.data());
       silu_mul(proj.data(), m, inter_, x.data());
-      down_[l].apply(x, m, xf, xsum, proj.data(), torch_gemm);
+      down_[l].apply(x, m, xf, xsum, proj.data());
       add_to(h.data(), proj.data(), m * h_size);
     }
     auto out = torch::empty({m, h_size}, torch::kBFloat16);
@@ -203,7 +193,6 @@ class LlamaDecode {
   std::vector<torch::Tensor> attn_norm_, mlp_norm_;
   std::vector<Proj> qkv_, o_, gate_up_, down_;
   torch::Tensor final_norm_, cos_, sin_;
-  int64_t torch_gemm_rows_;
 };
 
 // x [m, k] bfloat16 @ one weight in any of Proj's forms -> [m, n] float32: the LM head's
@@ -256,13 +245,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("round_bf16", &round_bf16);
   m.def("linear_packed", &linear_packed);
   m.attr("isa") = edgefire::fused::kIsa;
+  m.attr("amx") = edgefire::fused::amx_usable();
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double,
                           std::vector<pybind11::object>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>,
                           std::vector<std::vector<std::vector<pybind11::object>>>, torch::Tensor,
-                          torch::Tensor, torch::Tensor, int64_t,
-                          std::vector<std::vector<torch::Tensor>>,
+                          torch::Tensor, torch::Tensor,
                           std::vector<std::vector<torch::Tensor>>>())
       .def("forward", &LlamaDecode::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -32,7 +32,6 @@ inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, con
 // reads the tensors the model already holds: no copies.
 struct Proj {
   torch::Tensor w, scales;
-  torch::Tensor packed;  // optional: a BF16 w in oneDNN's blocked layout, for torch_mm
   torch::Tensor pairs;   // optional: a BF16 w packed for gemm_packed.h (AVX512-BF16)
   int64_t group = 0, block = 0;  // INT4: columns per scale, rows per packing block
   const RowDecoder* decoder = nullptr;
@@ -79,18 +78,15 @@ struct Proj {
   }
 
   // out [m, n] = x [m, k] @ w^T; xf, xsum: room for x widened (and its int4 group sums) or,
-  // for a row decoder, x's BF16 words in its column order. torch_gemm: a packed BF16 weight
-  // is multiplied by torch's GEMM (oneDNN), its BF16 products widened (see torch_mm).
+  // for a row decoder, x's BF16 words in its column order.
   void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf,
-             std::vector<float>& xsum, float* out, bool torch_gemm = false) const {
+             std::vector<float>& xsum, float* out) const {
     if (decoder != nullptr) {
       apply_decoded(x, m, reinterpret_cast<uint16_t*>(xf.data()), out);
       return;
     }
     const int64_t n = w.size(0), k = group ? w.size(1) * 2 : w.size(1);
-    if (torch_gemm && packed.defined()) {
-      torch_mm(x, m, out);
-    } else if (pairs.defined()) {
+    if (pairs.defined()) {
       gemm_packed_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(pairs), n, out);
     } else if (!scales.defined()) {
       gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
@@ -102,34 +98,6 @@ struct Proj {
       gemv_int4(xf.data(), xsum.data(), m, k, group, block, w.data_ptr<uint8_t>(),
                 bits(scales), n, out);
     }
-  }
-
-  // Where oneDNN multiplies BF16 on AMX tiles, its GEMM outruns the dot-product kernels above
-  // a few rows (MAX_ROWS in llama_decode.py), while the step around it stays one native call.
-  // torch's CPU matmul returns BF16 only, so these products are rounded to BF16 (as torch's
-  // own layers round them) and are not batch-invariant: a step takes this path only past the
-  // rows speculative decoding verifies in.
-  // The weight is `packed`: reordered once into oneDNN's blocked layout (as torch.compile's
-  // freezing does), so oneDNN does not re-block it each call: the same products as torch.mm,
-  // 1.2-1.6x its rate at 16-64 rows streamed from memory on SmolLM2's shapes (Xeon, AMX).
-  // oneDNN builds and keeps a kernel and its buffers per row count it is called with (~0.85 MB
-  // each, models/row_buckets.py): the rows are padded to a multiple of kTorchRowStep, so the
-  // 13-64 rows of AMX steps meet 4 shapes per weight, not 52. 16 is an AMX tile's rows: the
-  // padded rows ride in a tile that is multiplied anyway.
-  static constexpr int64_t kTorchRowStep = 16;
-
-  void torch_mm(const std::vector<bf16>& x, int64_t m, float* out) const {
-    static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-    const int64_t n = w.size(0), k = w.size(1);
-    const int64_t padded = (m + kTorchRowStep - 1) / kTorchRowStep * kTorchRowStep;
-    auto xt = torch::empty({padded, k}, torch::kBFloat16);
-    std::copy(x.begin(), x.begin() + m * k, xt.data_ptr<bf16>());
-    std::fill(xt.data_ptr<bf16>() + m * k, xt.data_ptr<bf16>() + padded * k, bf16(0.f));
-    torch::jit::Stack stack{xt, packed, c10::IValue(), std::string("none"),
-                            c10::List<std::optional<at::Scalar>>(), std::string("")};
-    op.callBoxed(&stack);
-    torch::from_blob(out, {m, n}, torch::kFloat32).copy_(stack.back().toTensor().narrow(0, 0, m));
   }
 
   // Each tile's four rows decoded once into a per-thread buffer, then multiplied as BF16.
