@@ -27,7 +27,6 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 namespace edgefire::fused {
 
@@ -67,13 +66,14 @@ inline void prefetch_step(const uint16_t* w) {
   for (int64_t line = 0; line < kAmxStep; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
 }
 
-// Four 16 x 16 float32 sums (tmm0-3), an x tile (tmm4, 5) and weight tiles (tmm6, 7); every
-// tile 16 rows of 64 bytes.
-__attribute__((target("amx-tile,amx-bf16"))) inline void configure_tiles() {
+// Four float32 sums of 16 columns (tmm0-3), x tiles (tmm4, 5) and weight tiles (tmm6, 7),
+// rows of 64 bytes: the sums and x tiles `rows` rows (a step's last rows, short of 16: a tile
+// loads and multiplies only those), the weight tiles 16.
+__attribute__((target("amx-tile,amx-bf16"))) inline void configure_tiles(int rows) {
   TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.colsb[t] = 64;
-    config.rows[t] = 16;
+    config.rows[t] = t < 6 ? rows : 16;
   }
   // Not _tile_loadconfig: GCC 12's declares it reads 8 bytes, and the rest of the stores into
   // `config` can be dropped as dead; this asm reads all 64.
@@ -139,19 +139,13 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_rows32(
 }
 
 // x [m, k] BF16 bits, packed [n / 64][k / 2][64][2], out [m, n] float32; k a multiple of 32.
-// Rows past the last full 16 go through a zero-padded copy (a tile always loads 16 rows).
-// Threads split the blocks and, for prompt-sized steps, the rows in 32-row chunks.
+// Rows go in groups of 16, two full groups at a time where there are; the last m % 16 rows in
+// tiles of that many rows. Threads split the blocks and, for prompt-sized steps, the groups in
+// chunks of two.
 __attribute__((target("amx-tile,amx-bf16"))) inline void gemm_packed_amx(
     const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n, float* out) {
   const int64_t blocks = n / 64, pairs = k / 2, block_len = pairs * 128;
   const int64_t groups = (m + kAmxRows - 1) / kAmxRows;
-  std::vector<uint16_t> padded;
-  const uint16_t* xs = x;
-  if (m % kAmxRows) {
-    padded.assign(groups * kAmxRows * k, 0);
-    std::memcpy(padded.data(), x, m * k * sizeof(uint16_t));
-    xs = padded.data();
-  }
   // Row chunks of 2 groups when the blocks alone would leave a thread idle or the rows are
   // many (each chunk reads its block again, from L2 or L3).
   const int64_t threads = at::get_num_threads();
@@ -159,30 +153,29 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void gemm_packed_amx(
   if (groups > 2 && (blocks % threads || groups > 4)) chunk_groups = 2;
   const int64_t chunks = (groups + chunk_groups - 1) / chunk_groups;
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
-    configure_tiles();
-    alignas(64) float tail[2 * kAmxRows * 64];
+    int configured = 0;  // the rows the thread's tiles are configured for
+    auto rows_of = [&](int rows) {
+      if (rows != configured) configure_tiles(configured = rows);
+    };
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / chunks, g0 = (item % chunks) * chunk_groups;
       const int64_t g1 = std::min(groups, g0 + chunk_groups);
       const uint16_t* block = packed + b * block_len;
       for (int64_t g = g0; g < g1;) {
-        const int64_t r0 = g * kAmxRows, two = g + 1 < g1 ? 2 : 1;
-        const int64_t rows = std::min(m - r0, two * kAmxRows);
-        // Full rows store straight into out; a group holding padded rows stores into `tail`.
-        const bool full = rows == two * kAmxRows;
-        float* o = full ? out + r0 * n + b * 64 : tail;
-        const int64_t ldo = full ? n : 64;
+        const int64_t r0 = g * kAmxRows;
+        const uint16_t* xg = x + r0 * k;
+        float* o = out + r0 * n + b * 64;
         const bool fetch = g == g0;  // later passes find the block in L2
-        if (two == 2) {
-          amx_rows32(xs + r0 * k, k, block, pairs, 0, o, ldo, fetch);
-          amx_rows32(xs + r0 * k, k, block, pairs, 32, o, ldo, false);
+        if (g + 1 < g1 && r0 + 2 * kAmxRows <= m) {
+          rows_of(kAmxRows);
+          amx_rows32(xg, k, block, pairs, 0, o, n, fetch);
+          amx_rows32(xg, k, block, pairs, 32, o, n, false);
+          g += 2;
         } else {
-          amx_rows16(xs + r0 * k, k, block, pairs, o, ldo, fetch);
+          rows_of(static_cast<int>(std::min(kAmxRows, m - r0)));
+          amx_rows16(xg, k, block, pairs, o, n, fetch);
+          g += 1;
         }
-        if (!full)
-          for (int64_t r = 0; r < rows; ++r)
-            std::memcpy(out + (r0 + r) * n + b * 64, tail + r * 64, 64 * sizeof(float));
-        g += two;
       }
     }
   });
