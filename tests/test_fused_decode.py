@@ -79,7 +79,7 @@ def _case(rows: int, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None
     return model, cache, ids, positions, _decode_meta(tables, lens)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, MAX_ROWS_BESIDE_AMX])
 def test_fused_step_matches_float32_torch_path(kernel, rows):
     fused, fused_cache, ids, positions, meta = _case(rows, torch.bfloat16)
     ref, ref_cache, *_ = _case(rows, torch.float32)
@@ -108,7 +108,6 @@ def test_max_rows_past_a_few_only_where_torch_has_no_faster_gemm(monkeypatch):
     monkeypatch.setattr(fused, "has_amx", lambda: False)
     assert fused.max_rows("avx512bf16", all_bf16=False) == MAX_ROWS
     assert fused.max_rows("avx2") == MAX_ROWS
-
 
 
 QUANTIZERS = {
