@@ -47,23 +47,29 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
     return min(runs)
 
 
-def _forms(w: torch.Tensor, isa: str) -> dict[str, tuple[list[torch.Tensor], Callable]]:
-    """Per weight form: the tensors the fused step reads, and torch's own matmul for the same
-    form (BF16: the faster of oneDNN's BF16 and torch's float32 matmul, which on AVX2-only
-    CPUs is the one that is fast; torch's INT8 and INT4 weight-only kernels, as the quant
-    plugin uses). With AVX512-BF16, "bf16_pairs": the BF16 weight packed as pairs, which the
-    fused step multiplies there (gemm_packed.h), against oneDNN's BF16."""
+def _forms(w: torch.Tensor, isa: str) -> dict[str, tuple[list, Callable]]:
+    """Per weight form: the tensors the fused step reads, and a function that makes torch's
+    own matmul for the same form over a copy of them (BF16: the faster of oneDNN's BF16 and
+    torch's float32 matmul, which on AVX2-only CPUs is the one that is fast; torch's INT8 and
+    INT4 weight-only kernels, as the quant plugin uses). With AVX512-BF16, "bf16_pairs": the
+    BF16 weight packed as pairs, which the fused step multiplies there (gemm_packed.h),
+    against oneDNN's BF16 over the unpacked weight."""
     int8 = Int8Linear.quantize(w)
-    bf16, fp32 = w.bfloat16(), w.bfloat16().float()
-    forms = {"bf16": ([bf16], lambda x: F.linear(x, bf16)),
-             "bf16_vs_torch_float32": ([bf16], lambda x: F.linear(x.float(), fp32)),
-             "int8": (weight_form(int8), int8.linear)}
+    bf16 = w.bfloat16()
+    forms = {"bf16": ([bf16], lambda t: lambda x: F.linear(x, t[0])),
+             "bf16_vs_torch_float32": ([bf16], _float32_peer),
+             "int8": (weight_form(int8), lambda t: Int8Linear(t[0], t[1]).linear)}
     if isa == "avx512bf16":
-        forms["bf16_pairs"] = ([pack_pairs([bf16])], lambda x: F.linear(x, bf16))
+        forms["bf16_pairs"] = ([pack_pairs([bf16]), bf16], lambda t: lambda x: F.linear(x, t[1]))
     if HAS_INT4_KERNEL:  # both read torch's INT4 packing
         int4 = Int4Linear.quantize(w, 32)
-        forms["int4"] = (weight_form(int4), int4.linear)
+        forms["int4"] = (weight_form(int4), lambda t: Int4Linear(t[0], t[1], 32).linear)
     return forms
+
+
+def _float32_peer(tensors: list) -> Callable[[torch.Tensor], torch.Tensor]:
+    fp32 = tensors[0].float()
+    return lambda x: F.linear(x.float(), fp32)
 
 
 def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
@@ -73,30 +79,33 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for name, (n, k) in SHAPES.items():
         out[name] = {"shape": [n, k], "forms": {}}
-        for form, (tensors, peer) in _forms(torch.randn(n, k) * 0.05, kernel.isa).items():
-            matmul = (lambda x, c: kernel.linear_packed(x, c[0])) if form == "bf16_pairs" \
-                else kernel.linear
-            # an INT4 form also names its packing's rows per block (an int)
-            nbytes = sum(x.nbytes for x in tensors if isinstance(x, torch.Tensor))
+        for form, (tensors, make_peer) in _forms(torch.randn(n, k) * 0.05, kernel.isa).items():
+            pairs = form == "bf16_pairs"
+            matmul = (lambda x, c: kernel.linear_packed(x, c[0])) if pairs else kernel.linear
+            # the bytes the fused step reads: an INT4 form also names its packing's rows per
+            # block (an int), and the pairs form carries the unpacked weight for torch's peer
+            read = tensors[:1] if pairs else tensors
+            nbytes = sum(x.nbytes for x in read if isinstance(x, torch.Tensor))
             copies = -(-STREAM_BYTES // nbytes)
             native_copies = [[x.clone() if isinstance(x, torch.Tensor) else x for x in tensors]
                              for _ in range(copies)]
-            # torch's form is the same weight: its bytes stream the same way when cycled
-            # ("torch GB/s" counts the fused form's bytes, so the columns compare times)
+            # torch's matmul over each copy in turn: its weight streams from memory as the
+            # native kernel's does ("torch GB/s" counts the fused form's bytes, so the columns
+            # compare times)
+            peers = [make_peer(c) for c in native_copies]
             per_rows = {}
             for rows in rows_list:
                 x = torch.randn(rows, k).bfloat16()
                 native = best_seconds(
                     lambda x=x, cs=native_copies, f=matmul: [f(x, c) for c in cs], reps)
-                dense = best_seconds(
-                    lambda x=x, f=peer, c=copies: [f(x) for _ in range(c)], reps)
+                dense = best_seconds(lambda x=x, ps=peers: [p(x) for p in ps], reps)
                 per_rows[str(rows)] = {"native_gb_s": round(copies * nbytes / native / 1e9, 2),
                                        "torch_gb_s": round(copies * nbytes / dense / 1e9, 2),
                                        "native_vs_torch": round(dense / native, 3)}
             out[name]["forms"][form] = {"bytes": nbytes, "copies": copies, "per_rows": per_rows}
             log(f"{name} {n}x{k} {form}: " + ", ".join(
                 f"M={r} {v['native_gb_s']} vs {v['torch_gb_s']} GB/s" for r, v in per_rows.items()))
-            del native_copies
+            del native_copies, peers
     return out
 
 

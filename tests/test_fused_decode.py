@@ -269,14 +269,20 @@ def test_linear_matches_a_float_matmul(kernel):
 @pytest.mark.parametrize("form", ["bf16", *QUANTIZERS])
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
     # BF16: one or two rows walk the weight's rows in turn, more go side by side (gemv.h);
-    # INT4: x rows go in passes of up to four (gemv_int4.h). Each row is summed in the same
-    # order either way, bit for bit (speculative decoding relies on it).
+    # INT8: one or two rows take a weight row's cache line at a time, more a vector, and the
+    # last 32 columns (224 = 3 lines + 32) go by vectors either way; INT4: x rows go in passes
+    # of up to four (gemv_int4.h). Each row is summed in the same order either way, bit for
+    # bit (speculative decoding relies on it).
     if form == "int4" and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
     g = torch.Generator().manual_seed(3)
-    w = torch.randn(128, 192, generator=g)
+    w = torch.randn(128, 224, generator=g)
     weight = [w.bfloat16()] if form == "bf16" else weight_form(QUANTIZERS[form](w))
-    x = torch.randn(9, 192, generator=g).bfloat16()
+    x = torch.randn(9, 224, generator=g).bfloat16()
+    if form == "int8":  # and the product is the dequantized weight's
+        dense = QUANTIZERS[form](w).dequantize()
+        torch.testing.assert_close(kernel.linear(x, weight), x.float() @ dense.T,
+                                   atol=1e-4, rtol=1e-5)
     together = kernel.linear(x, weight)
     for start in range(9):
         for rows in range(1, 10 - start):

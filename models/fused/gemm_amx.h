@@ -55,7 +55,9 @@ struct alignas(64) TileConfig {
 
 constexpr int64_t kAmxRows = 16;   // x rows per A tile
 constexpr int64_t kAmxPairs = 16;  // K pairs per tile multiply: 32 BF16 values, 64 bytes a row
-constexpr int64_t kAmxStep = kAmxPairs * 64 * 2 * 2;  // bytes of a block one K step reads: 4 KiB
+constexpr int64_t kPairValues = 64 * 2;  // BF16 values from one pair of K to the next in a block
+constexpr int64_t kPairStride = kPairValues * 2;  // the same in bytes: a weight tile's row stride
+constexpr int64_t kAmxStep = kAmxPairs * kPairStride;  // bytes of a block one K step reads: 4 KiB
 // A block's first pass asks for its weight this far ahead into L2: a tile load's 16 rows lie
 // 256 bytes apart, which the hardware prefetcher does not run ahead of.
 constexpr int64_t kAmxAhead = 2 * kAmxStep;
@@ -85,13 +87,12 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void configure_tiles(int row
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_rows16(
     const uint16_t* x, int64_t ldx, const uint16_t* block, int64_t pairs, float* out,
     int64_t ldo, bool fetch) {
-  constexpr int64_t kPairStride = 64 * 2 * 2;  // bytes from one pair of K to the next
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t p = 0; p < pairs; p += kAmxPairs) {
-    const uint16_t* w = block + p * 128;
+    const uint16_t* w = block + p * kPairValues;
     if (fetch) prefetch_step(w);
     _tile_loadd(4, x + 2 * p, ldx * 2);
     _tile_loadd(6, w, kPairStride);
@@ -115,14 +116,13 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_rows16(
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_rows32(
     const uint16_t* x, int64_t ldx, const uint16_t* block, int64_t pairs, int64_t col0,
     float* out, int64_t ldo, bool fetch) {
-  constexpr int64_t kPairStride = 64 * 2 * 2;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t p = 0; p < pairs; p += kAmxPairs) {
-    if (fetch) prefetch_step(block + p * 128);
-    const uint16_t* w = block + p * 128 + col0 * 2;
+    if (fetch) prefetch_step(block + p * kPairValues);
+    const uint16_t* w = block + p * kPairValues + col0 * 2;
     _tile_loadd(4, x + 2 * p, ldx * 2);
     _tile_loadd(5, x + 16 * ldx + 2 * p, ldx * 2);
     _tile_loadd(6, w, kPairStride);
@@ -144,7 +144,7 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_rows32(
 // chunks of two.
 __attribute__((target("amx-tile,amx-bf16"))) inline void gemm_packed_amx(
     const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n, float* out) {
-  const int64_t blocks = n / 64, pairs = k / 2, block_len = pairs * 128;
+  const int64_t blocks = n / 64, pairs = k / 2, block_len = pairs * kPairValues;
   const int64_t groups = (m + kAmxRows - 1) / kAmxRows;
   // Row chunks of 2 groups when the blocks alone would leave a thread idle or the rows are
   // many (each chunk reads its block again, from L2 or L3).

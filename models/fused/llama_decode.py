@@ -4,12 +4,11 @@ A step takes it when every token in it is a decode (one new token per sequence),
 most max_rows of them (max_rows() says why), it computes in BF16 over a BF16
 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps torch's
 fixed blocks). With AVX512-BF16 (on AMX tiles where torch has them too), prompt chunks with
-causal attention take it too,
-beside at most max_rows decodes (`takes_prompts`). Anything else runs the torch path, as do
-models whose projections are in a form the step cannot read. It reads the tensors the model
-holds: BF16 tensors (with AVX512-BF16, over a copy packed as pairs: pack_pairs), and resident
-forms that offer `int8_per_channel()` -> (INT8
-weight [out, in], BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
+causal attention take it too, beside at most max_rows decodes (`takes_prompts`). Anything else
+runs the torch path, as do models whose projections are in a form the step cannot read. It
+reads the tensors the model holds: BF16 tensors (with AVX512-BF16, over a copy packed as pairs:
+pack_pairs), and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in],
+BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
 BF16 scales_zeros [groups, out, 2] and the packing's rows per block (or None), or
 `row_decoder()` -> a PyCapsule of the codec's own row decoder (row_decoder.h), or None.
 """
@@ -48,7 +47,7 @@ def max_rows(isa: str, amx_tiles: bool = False, all_bf16: bool = False) -> int:
     """The most rows the fused step computes (batch-invariant: each row the same whatever
     shares its step), for a kernel built for `isa` on this CPU that may (`amx_tiles`) use AMX
     tiles, over weights that are all BF16 or not."""
-    if isa == "avx2" or (isa == "avx512bf16" and (not has_amx() or amx_tiles and all_bf16)):
+    if isa == "avx2" or (isa == "avx512bf16" and (not has_amx() or (amx_tiles and all_bf16))):
         return MAX_ROWS
     return MAX_ROWS_BESIDE_AMX
 
@@ -80,11 +79,11 @@ class FusedLlamaDecode:
         self.lm_head_pairs = pack_pairs(self.lm_head) if pairs else _NO_PAIRS
         # Prompt chunks too, where the pairs kernel multiplies the weights as fast as torch's
         # GEMM: on Zen 4 the pairs kernel matches oneDNN's BF16 GEMM at prompt sizes, as it does
-        # on AMX tiles where both have them (gemm_amx.h), and the
-        # step saves the ~20% of a prompt chunk torch's path spends around its GEMMs (norms,
-        # rotary, SiLU·up, copies) and the Python between them. Causal attention over the pages
-        # is paged_prefill.h's, which serves head_dim 64 and 128.
-        self.takes_prompts = (pairs and all_bf16 and (kernel.amx or not has_amx())
+        # on AMX tiles where both have them (gemm_amx.h), and the step saves the ~20% of a
+        # prompt chunk torch's path spends around its GEMMs (norms, rotary, SiLU·up, copies)
+        # and the Python between them. Causal attention over the pages is paged_prefill.h's,
+        # which serves head_dim 64 and 128.
+        self.takes_prompts = (pairs and all_bf16 and self.max_rows == MAX_ROWS
                               and c.head_dim in (64, 128))
 
     @classmethod

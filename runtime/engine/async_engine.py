@@ -156,19 +156,16 @@ class AsyncEngine:
             log.exception("a step failed; failing its %d request(s), the others go on",
                           len(exc.request_ids))
             self._step_failed = True
-            for request_id in exc.request_ids:
-                self._deliver(request_id, EngineFailedError())
+            self._deliver([(request_id, EngineFailedError()) for request_id in exc.request_ids])
             return
         self._step_failed = False
-        for output in outputs:
-            self._deliver(output.request_id, output)
+        self._deliver([(output.request_id, output) for output in outputs])
 
     def fail(self, exc: BaseException) -> None:
         """The engine could not go on (the compute thread logged why and detached it): fail
         every request in flight rather than hang its client. The node builds a new one."""
         self._error = exc
-        for request_id in list(self._streams):
-            self._deliver(request_id, EngineFailedError())
+        self._deliver([(request_id, EngineFailedError()) for request_id in list(self._streams)])
 
     def _drain_commands(self) -> None:
         while self._commands:
@@ -182,15 +179,27 @@ class AsyncEngine:
             else:
                 self.engine.abort(payload)
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        target = self._streams.get(request_id)
-        if target is None:
-            return
-        loop, queue = target
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed; nobody is listening any more
-            self._send("abort", request_id)
+    def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Hand a step's outputs to their requests' queues: one call into each event loop
+        per step, not one per request, since each call wakes its loop with a write to a
+        pipe (with 16 streams in flight, those writes were ~5% of the compute thread's time)."""
+        per_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, asyncio.Queue, object]]] = {}
+        for request_id, item in items:
+            target = self._streams.get(request_id)
+            if target is not None:
+                loop, queue = target
+                per_loop.setdefault(loop, []).append((request_id, queue, item))
+        for loop, batch in per_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the caller's loop is closed; nobody is listening any more
+                for request_id, _, _ in batch:
+                    self._send("abort", request_id)
+
+
+def _put_all(batch: list[tuple[str, asyncio.Queue, object]]) -> None:
+    for _, queue, item in batch:
+        queue.put_nowait(item)
 
 
 class RequestStream:
