@@ -1,7 +1,6 @@
 // Decode-sized matmuls: out[m, n] = sum_k x[m, k] * w[n, k] for a few rows of x (a decode
-// step's tokens), float32 accumulated and out; w in BF16 (x in BF16), or INT8 weight-only
-// quantized with one BF16 scale per output row (x in float32), read at 8 bits and widened in
-// registers. (INT4: gemv_int4.h.)
+// step's tokens), float32 accumulated and out; w in BF16 (x in BF16). (INT8: gemv_int8.h;
+// INT4: gemv_int4.h.)
 //
 // At a few rows a projection is a read of its weight: each 32-value chunk of a weight
 // row is loaded once and multiplied into every x row by one AVX512-BF16 dot-product
@@ -28,8 +27,6 @@ constexpr int64_t kChunk = 32;    // K must be a multiple: one dot-product instr
 // Rapids class) one x row read SmolLM2's shapes at 20-23 GB/s without it, 24-27 with it
 // (2, 4 and 8 KiB ahead into L1 or L2 measured; 8 KiB into L2 the fastest).
 constexpr int64_t kStreamAhead = 4096;
-constexpr int64_t kInt8Ahead = 8192;  // bytes: INT8 tiles ask for their weight this far ahead
-constexpr int64_t kInt8Line = 64;     // INT8 values in a cache line
 
 #if defined(EDGEFIRE_SIMD)
 using namespace edgefire::simd;
@@ -131,63 +128,6 @@ inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, int64_t n0, fl
 }
 #endif
 
-#if defined(EDGEFIRE_SIMD)
-// INT8 rows [n0, n0 + 4) against MB rows of x widened to float32 (xf), times each row's BF16
-// scale. Integers up to 127 are exact in float32, so this is the dequantized weight's product.
-template <int MB>
-inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, int64_t k,
-                      int64_t n0, float* out, int64_t n_out) {
-  vf acc[kTileRows][MB];
-  for (auto& row : acc)
-    for (auto& a : row) a = vzero();
-  // The tile's four rows lie one after another in memory (4k bytes), and a step reads a
-  // vector of each: k / kWidth steps of 4 * kWidth bytes. Each step asks for the bytes that
-  // far past its share of the tile, kInt8Ahead on, so the tiles after this one stream in
-  // along one address sequence as it is multiplied. (Each row asking for the next tile's row
-  // only 4k bytes on, one x row read SmolLM2's shapes from memory at 17.6-24.2 GB/s; this way
-  // 19.6-28.4, 2-core Xeon.)
-  const char* ahead = reinterpret_cast<const char*>(w + n0 * k) + kInt8Ahead;
-  auto step = [&](int i, int64_t c) {
-    const vf wv = vload_i8(w + (n0 + i) * k + c);
-    for (int j = 0; j < MB; ++j) acc[i][j] = vfmadd(wv, vload(xf + j * k + c), acc[i][j]);
-  };
-  int64_t c = 0;
-  // With one or two x rows, a row's whole cache line (4 vectors) at a time: widening takes
-  // most of such a tile's work, and line by line it ran in half the time with the weight hot
-  // in cache (SmolLM2's shapes, Zen 5, 2 cores; from memory, within the machine's noise). From
-  // three rows the multiplies dominate and vector by vector streamed faster (gate_up, 4 rows:
-  // 53-67 against 74-76 us). Each accumulator takes its row's vectors in the same order
-  // either way, so a row's result does not depend on how many share its step.
-  if constexpr (MB <= 2) {
-    for (; c + kInt8Line <= k; c += kInt8Line)
-      for (int i = 0; i < kTileRows; ++i) {
-        _mm_prefetch(ahead + c * kTileRows + i * kInt8Line, _MM_HINT_T1);
-        for (int64_t v = c; v < c + kInt8Line; v += kWidth) step(i, v);
-      }
-  }
-  for (; c < k; c += kWidth) {
-    _mm_prefetch(ahead + c * kTileRows, _MM_HINT_T1);
-    for (int i = 0; i < kTileRows; ++i) step(i, c);
-  }
-  const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
-      _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
-  for (int j = 0; j < MB; ++j)
-    _mm_storeu_ps(out + j * n_out + n0,
-                  _mm_mul_ps(s, reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j])));
-}
-#else
-template <int MB>
-inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, int64_t k,
-                      int64_t n0, float* out, int64_t n_out) {
-  for (int i = 0; i < kTileRows; ++i)
-    for (int j = 0; j < MB; ++j) {
-      float acc = 0.f;
-      for (int64_t c = 0; c < k; ++c) acc += static_cast<float>(w[(n0 + i) * k + c]) * xf[j * k + c];
-      out[j * n_out + n0 + i] = acc * widen(scales[n0 + i]);
-    }
-}
-#endif
-
 // Runs tile_for(MB, x row offset, n0) over every 4-row tile of the weight and every group of up
 // to kTileTokens x rows, the weight's tiles split between the threads: each thread reads its
 // part of the weight once, multiplying it into all rows of x.
@@ -222,22 +162,6 @@ inline void gemv_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w
       case 3: tile<3>(xm, w, k, n0, o, n); break;
       case 2: tile<2>(xm, w, k, n0, o, n); break;
       default: tile<1>(xm, w, k, n0, o, n); break;
-    }
-  });
-}
-
-// x [m, k] float32, w [n, k] INT8, scales [n] BF16 bits, out [m, n] float32; n % 4 == 0,
-// k % 16 == 0.
-inline void gemv_int8(const float* x, int64_t m, int64_t k, const int8_t* w,
-                      const uint16_t* scales, int64_t n, float* out) {
-  over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
-    const float* xm = x + m0 * k;
-    float* o = out + m0 * n;
-    switch (mb) {
-      case 4: tile_int8<4>(xm, w, scales, k, n0, o, n); break;
-      case 3: tile_int8<3>(xm, w, scales, k, n0, o, n); break;
-      case 2: tile_int8<2>(xm, w, scales, k, n0, o, n); break;
-      default: tile_int8<1>(xm, w, scales, k, n0, o, n); break;
     }
   });
 }

@@ -9,6 +9,7 @@
 
 #include "gemm_packed.h"
 #include "gemv.h"
+#include "gemv_int8.h"
 #include "gemv_int4.h"
 #include "row_decoder.h"
 
@@ -91,8 +92,7 @@ struct Proj {
     } else if (!scales.defined()) {
       gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
     } else if (group == 0) {
-      for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(x[i]);
-      gemv_int8(xf.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out);
+      gemv_int8(x.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out, xf.data());
     } else {
       widen_with_group_sums(x.data(), m, k, group, xf.data(), xsum.data());
       gemv_int4(xf.data(), xsum.data(), m, k, group, block, w.data_ptr<uint8_t>(),

@@ -1,0 +1,204 @@
+// Decode-sized INT8 matmuls: out[m, n] = sum_k x[m, k] * w[n, k] * scale[n] for a few rows of
+// x (BF16), w weight-only quantized to INT8 with one BF16 scale per output row.
+//
+// With AVX512-BW, in integers: each x row is rounded to 16-bit integers against its own
+// largest value (x ~ s * q), and a weight row's 64-byte line is sign-extended to 16-bit words,
+// 32 at a time, each multiplied into x's words two products a lane by one instruction (VNNI's
+// vpdpwssd; without VNNI, vpmaddwd and an add). A line costs two sign-extensions and two
+// multiply-adds an x row, where widening to float32 costs four sign-extensions, four
+// conversions and four FMAs. The float path was compute-bound at one x row on a 2-core Zen 4
+// (SmolLM2's o, weight hot in cache: 14.8 us a call, streamed 19.6); this one takes 6.6-10 us
+// hot there, and streamed is bound by the read (bench/kernels.py).
+// The sums are exact in int32 (the x range is cut so a lane cannot overflow), so a row's
+// result is the same whatever shares its step or however its tiles are ordered. x's rounding
+// adds at most s / 2 * sum_k |w[n, k]| * scale[n] to an output: at 16 bits, ~1e-5 of the
+// product's scale, where the weight's own rounding is up to 1 / 254 of each weight.
+// Elsewhere (AVX2, or k not a multiple of 64), x widened to float32 and FMA, as exact as
+// float32 summation.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <limits>
+
+#include "gemv.h"
+
+namespace edgefire::fused {
+
+constexpr int64_t kInt8Ahead = 8192;  // bytes: INT8 tiles ask for their weight this far ahead
+constexpr int64_t kInt8Line = 64;     // INT8 values in a cache line
+
+#if defined(__AVX512BW__)
+inline __m512i dot_words(__m512i acc, __m512i a, __m512i b) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// INT8 rows [n0, n0 + 4) against MB rows of x as 16-bit integers (xq) with their scales. One
+// or two x rows keep a sum per half line for each (row, x row), so a line's two multiply-adds
+// do not wait on each other; from three rows the 4 x MB sums are independent enough.
+template <int MB>
+inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* w,
+                          const uint16_t* scales, int64_t k, int64_t n0, float* out,
+                          int64_t n_out) {
+  constexpr int P = MB <= 2 ? 2 : 1;
+  __m512i acc[P][kTileRows][MB];
+  for (auto& set : acc)
+    for (auto& row : set)
+      for (auto& a : row) a = _mm512_setzero_si512();
+  // As the float tile below: the bytes kInt8Ahead past this tile's share, along one sequence.
+  const char* ahead = reinterpret_cast<const char*>(w + n0 * k) + kInt8Ahead;
+  for (int64_t c = 0; c < k; c += kInt8Line)
+    for (int i = 0; i < kTileRows; ++i) {
+      _mm_prefetch(ahead + c * kTileRows + i * kInt8Line, _MM_HINT_T1);
+      const __m512i line = _mm512_loadu_si512(w + (n0 + i) * k + c);
+      const __m512i even = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(line));
+      const __m512i odd = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(line, 1));
+      for (int j = 0; j < MB; ++j) {
+        const int16_t* xl = xq + j * k + c;
+        acc[0][i][j] = dot_words(acc[0][i][j], even, _mm512_loadu_si512(xl));
+        acc[P - 1][i][j] = dot_words(acc[P - 1][i][j], odd, _mm512_loadu_si512(xl + 32));
+      }
+    }
+  const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
+      _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
+  auto total = [&](int i, int j) {
+    __m512i sum = acc[0][i][j];
+    if constexpr (P == 2) sum = _mm512_add_epi32(sum, acc[1][i][j]);
+    return _mm512_cvtepi32_ps(sum);
+  };
+  for (int j = 0; j < MB; ++j)
+    _mm_storeu_ps(out + j * n_out + n0,
+                  _mm_mul_ps(_mm_mul_ps(s, _mm_set1_ps(xscale[j])),
+                             reduce4(total(0, j), total(1, j), total(2, j), total(3, j))));
+}
+
+// x [m, k] BF16 -> xq [m, k] 16-bit integers, rounded to nearest, and xscale [m]:
+// x[r, c] ~ xscale[r] * xq[r, c]; k % 16 == 0. The largest |xq| is cut so that a lane's sum of
+// k / 16 products with INT8 weights (|w| <= 128) stays inside int32.
+inline void quantize_rows(const c10::BFloat16* x, int64_t m, int64_t k, int16_t* xq,
+                          float* xscale) {
+  const float top = static_cast<float>(std::min<int64_t>(32767, INT_MAX / (128 * (k / 16))));
+  const auto* bits = reinterpret_cast<const uint16_t*>(x);
+  for (int64_t r = 0; r < m; ++r) {
+    const uint16_t* row = bits + r * k;
+    __m512 largest = _mm512_setzero_ps();
+    __mmask16 nan = 0;  // a NaN in x makes the row's outputs NaN, as a float product would
+    for (int64_t c = 0; c < k; c += 16) {
+      const __m512 v = vload_bf16(row + c);
+      largest = _mm512_max_ps(largest, vabs(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    const float most = _mm512_reduce_max_ps(largest);
+    const __m512 inv = _mm512_set1_ps(most > 0.f ? top / most : 0.f);
+    xscale[r] = nan ? std::numeric_limits<float>::quiet_NaN() : most / top;
+    for (int64_t c = 0; c < k; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + r * k + c),
+                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(
+                              _mm512_mul_ps(vload_bf16(row + c), inv))));
+  }
+}
+#endif
+
+#if defined(EDGEFIRE_SIMD)
+// The float32 path: INT8 rows [n0, n0 + 4) against MB rows of x widened to float32 (xf),
+// times each row's BF16 scale. Integers up to 127 are exact in float32, so this is the dequantized weight's product.
+template <int MB>
+inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, int64_t k,
+                      int64_t n0, float* out, int64_t n_out) {
+  vf acc[kTileRows][MB];
+  for (auto& row : acc)
+    for (auto& a : row) a = vzero();
+  // The tile's four rows lie one after another in memory (4k bytes), and a step reads a
+  // vector of each: k / kWidth steps of 4 * kWidth bytes. Each step asks for the bytes that
+  // far past its share of the tile, kInt8Ahead on, so the tiles after this one stream in
+  // along one address sequence as it is multiplied. (Each row asking for the next tile's row
+  // only 4k bytes on, one x row read SmolLM2's shapes from memory at 17.6-24.2 GB/s; this way
+  // 19.6-28.4, 2-core Xeon.)
+  const char* ahead = reinterpret_cast<const char*>(w + n0 * k) + kInt8Ahead;
+  auto step = [&](int i, int64_t c) {
+    const vf wv = vload_i8(w + (n0 + i) * k + c);
+    for (int j = 0; j < MB; ++j) acc[i][j] = vfmadd(wv, vload(xf + j * k + c), acc[i][j]);
+  };
+  int64_t c = 0;
+  // With one or two x rows, a row's whole cache line (4 vectors) at a time: widening takes
+  // most of such a tile's work, and line by line it ran in half the time with the weight hot
+  // in cache (SmolLM2's shapes, Zen 5, 2 cores; from memory, within the machine's noise). From
+  // three rows the multiplies dominate and vector by vector streamed faster (gate_up, 4 rows:
+  // 53-67 against 74-76 us). Each accumulator takes its row's vectors in the same order
+  // either way, so a row's result does not depend on how many share its step.
+  if constexpr (MB <= 2) {
+    for (; c + kInt8Line <= k; c += kInt8Line)
+      for (int i = 0; i < kTileRows; ++i) {
+        _mm_prefetch(ahead + c * kTileRows + i * kInt8Line, _MM_HINT_T1);
+        for (int64_t v = c; v < c + kInt8Line; v += kWidth) step(i, v);
+      }
+  }
+  for (; c < k; c += kWidth) {
+    _mm_prefetch(ahead + c * kTileRows, _MM_HINT_T1);
+    for (int i = 0; i < kTileRows; ++i) step(i, c);
+  }
+  const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
+      _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
+  for (int j = 0; j < MB; ++j)
+    _mm_storeu_ps(out + j * n_out + n0,
+                  _mm_mul_ps(s, reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j])));
+}
+#else
+template <int MB>
+inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, int64_t k,
+                      int64_t n0, float* out, int64_t n_out) {
+  for (int i = 0; i < kTileRows; ++i)
+    for (int j = 0; j < MB; ++j) {
+      float acc = 0.f;
+      for (int64_t c = 0; c < k; ++c) acc += static_cast<float>(w[(n0 + i) * k + c]) * xf[j * k + c];
+      out[j * n_out + n0 + i] = acc * widen(scales[n0 + i]);
+    }
+}
+#endif
+
+// x [m, k] BF16, w [n, k] INT8, scales [n] BF16 bits, out [m, n] float32; n % 4 == 0,
+// k % 16 == 0. scratch: room for m * k floats.
+inline void gemv_int8(const c10::BFloat16* x, int64_t m, int64_t k, const int8_t* w,
+                      const uint16_t* scales, int64_t n, float* out, float* scratch) {
+#if defined(__AVX512BW__)
+  if (k % kInt8Line == 0) {
+    // m * k words, then m scales: within m * k floats
+    auto* xq = reinterpret_cast<int16_t*>(scratch);
+    float* xscale = scratch + (m * k + 1) / 2;
+    quantize_rows(x, m, k, xq, xscale);
+    over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
+      const int16_t* xm = xq + m0 * k;
+      const float* sm = xscale + m0;
+      float* o = out + m0 * n;
+      switch (mb) {
+        case 4: tile_int8_q16<4>(xm, sm, w, scales, k, n0, o, n); break;
+        case 3: tile_int8_q16<3>(xm, sm, w, scales, k, n0, o, n); break;
+        case 2: tile_int8_q16<2>(xm, sm, w, scales, k, n0, o, n); break;
+        default: tile_int8_q16<1>(xm, sm, w, scales, k, n0, o, n); break;
+      }
+    });
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < m * k; ++i) scratch[i] = static_cast<float>(x[i]);
+  over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
+    const float* xm = scratch + m0 * k;
+    float* o = out + m0 * n;
+    switch (mb) {
+      case 4: tile_int8<4>(xm, w, scales, k, n0, o, n); break;
+      case 3: tile_int8<3>(xm, w, scales, k, n0, o, n); break;
+      case 2: tile_int8<2>(xm, w, scales, k, n0, o, n); break;
+      default: tile_int8<1>(xm, w, scales, k, n0, o, n); break;
+    }
+  });
+}
+
+}  // namespace edgefire::fused
