@@ -118,13 +118,14 @@ QUANTIZERS = {
 
 
 def _x_rounding(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """What the INT8 kernel's integer path (gemv_int8.h) may add to x @ dense.T by rounding
-    each x row to 16-bit integers: half its row's step times the weight row's absolute sum."""
+    """What the INT8 and INT4 kernels' integer paths (x_integers.h) may add to x @ dense.T by
+    rounding each x row to 16-bit integers: half its row's step times the weight row's
+    absolute sum."""
     step = x.float().abs().amax(1, keepdim=True) / 32767
     return 0.5 * step * dense.abs().sum(1)
 
 
-def _assert_int8_product(got: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> None:
+def _assert_quantized_product(got: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> None:
     expected = x.float() @ dense.T
     slack = _x_rounding(x, dense) + 1e-4 + 1e-5 * expected.abs()
     assert ((got - expected).abs() <= slack).all(), (got - expected).abs().max()
@@ -159,7 +160,7 @@ def test_fused_step_reads_quantized_projections(kernel, form):
     torch.testing.assert_close(hidden.float(), expected, atol=0.05, rtol=0.05)
     torch.testing.assert_close(cache.float(), ref_cache.float(), atol=0.1, rtol=0.05)
     # the LM head's INT8 rows, within what rounding x to 16 bits may add
-    _assert_int8_product(fused.compute_logits(hidden), hidden, dequantized["embed"])
+    _assert_quantized_product(fused.compute_logits(hidden), hidden, dequantized["embed"])
     # The torch path (prompt chunks) looks the same rows up.
     fused.fused_decode = False
     torch.testing.assert_close(fused.forward(ids, positions, meta, cache.clone(),
@@ -284,9 +285,9 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
     # BF16: one or two rows walk the weight's rows in turn, more go side by side (gemv.h);
     # INT8 (gemv_int8.h): 256 columns run in integers (AVX512-BW), 224 (3 lines + 32) widened
     # to float32, one or two rows a weight row's cache line at a time, more a vector, and the
-    # last 32 columns by vectors either way; INT4: x rows go in passes of up to four
-    # (gemv_int4.h). Each row is summed in the same order either way, bit for bit
-    # (speculative decoding relies on it).
+    # last 32 columns by vectors either way; INT4 (gemv_int4.h): x rows go in passes of up to
+    # four, in integers where torch packs 64-row blocks (AVX-512). Each row is summed in the
+    # same order either way, bit for bit (speculative decoding relies on it).
     if form == "int4" and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
     for k in (224, 256):
@@ -298,8 +299,8 @@ def _rows_alone_match_rows_together(kernel, form: str, k: int) -> None:
     w = torch.randn(128, k, generator=g)
     weight = [w.bfloat16()] if form == "bf16" else weight_form(QUANTIZERS[form](w))
     x = torch.randn(9, k, generator=g).bfloat16()
-    if form == "int8":  # and the product is the dequantized weight's
-        _assert_int8_product(kernel.linear(x, weight), x, QUANTIZERS[form](w).dequantize())
+    if form != "bf16":  # and the product is the dequantized weight's
+        _assert_quantized_product(kernel.linear(x, weight), x, _exact(form)(w).dequantize())
     together = kernel.linear(x, weight)
     for start in range(9):
         for rows in range(1, 10 - start):
@@ -372,19 +373,18 @@ def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
     quantized, exact = QUANTIZERS[form](w), _exact(form)(w)
     for rows in range(1, 10):
         x = torch.randn(rows, 128, generator=g).bfloat16()
-        got = kernel.linear(x, weight_form(quantized))
-        if form == "int8":
-            _assert_int8_product(got, x, exact.dequantize())
-        else:
-            torch.testing.assert_close(got, x.float() @ exact.dequantize().T, atol=1e-4,
-                                       rtol=1e-5)
+        _assert_quantized_product(kernel.linear(x, weight_form(quantized)), x,
+                                  exact.dequantize())
 
 
-def test_int8_rows_of_nan_or_zeros_stay_so(kernel):
-    # The integer path scales each x row by its largest value: a NaN must not vanish in the
+@pytest.mark.parametrize("form", list(QUANTIZERS))
+def test_quantized_rows_of_nan_or_zeros_stay_so(kernel, form):
+    # The integer paths scale each x row by its largest value: a NaN must not vanish in the
     # rounding, and an all-zero row has no scale to take.
+    if form == "int4" and not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
     g = torch.Generator().manual_seed(5)
-    weight = weight_form(Int8Linear.quantize(torch.randn(64, 256, generator=g)))
+    weight = weight_form(QUANTIZERS[form](torch.randn(64, 256, generator=g)))
     x = torch.randn(3, 256, generator=g).bfloat16()
     x[0, 7], x[1] = float("nan"), 0
     out = kernel.linear(x, weight)

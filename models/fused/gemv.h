@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../simd.h"
 
@@ -128,6 +129,18 @@ inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, int64_t n0, fl
 }
 #endif
 
+// f(std::integral_constant<int, mb>) for mb in 1..4: a kernel's row count as a template
+// argument.
+template <typename F>
+inline void with_rows(int64_t mb, F f) {
+  switch (mb) {
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
+
 // Runs tile_for(MB, x row offset, n0) over every 4-row tile of the weight and every group of up
 // to kTileTokens x rows, the weight's tiles split between the threads: each thread reads its
 // part of the weight once, multiplying it into all rows of x.
@@ -155,14 +168,7 @@ inline void gemv_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w
   }
 #endif
   over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
-    const uint16_t* xm = x + m0 * k;
-    float* o = out + m0 * n;
-    switch (mb) {
-      case 4: tile<4>(xm, w, k, n0, o, n); break;
-      case 3: tile<3>(xm, w, k, n0, o, n); break;
-      case 2: tile<2>(xm, w, k, n0, o, n); break;
-      default: tile<1>(xm, w, k, n0, o, n); break;
-    }
+    with_rows(mb, [&](auto rows) { tile<rows()>(x + m0 * k, w, k, n0, out + m0 * n, n); });
   });
 }
 

@@ -18,14 +18,12 @@
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
-#include <limits>
 
 #include "gemv.h"
+#include "x_integers.h"
 
 namespace edgefire::fused {
 
@@ -33,14 +31,6 @@ constexpr int64_t kInt8Ahead = 8192;  // bytes: INT8 tiles ask for their weight 
 constexpr int64_t kInt8Line = 64;     // INT8 values in a cache line
 
 #if defined(__AVX512BW__)
-inline __m512i dot_words(__m512i acc, __m512i a, __m512i b) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, a, b);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-#endif
-}
-
 // INT8 rows [n0, n0 + 4) against MB rows of x as 16-bit integers (xq) with their scales. One
 // or two x rows keep a sum per half line for each (row, x row), so a line's two multiply-adds
 // do not wait on each other; from three rows the 4 x MB sums are independent enough.
@@ -80,31 +70,6 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
                              reduce4(total(0, j), total(1, j), total(2, j), total(3, j))));
 }
 
-// x [m, k] BF16 -> xq [m, k] 16-bit integers, rounded to nearest, and xscale [m]:
-// x[r, c] ~ xscale[r] * xq[r, c]; k % 16 == 0. The largest |xq| is cut so that a lane's sum of
-// k / 16 products with INT8 weights (|w| <= 128) stays inside int32.
-inline void quantize_rows(const c10::BFloat16* x, int64_t m, int64_t k, int16_t* xq,
-                          float* xscale) {
-  const float top = static_cast<float>(std::min<int64_t>(32767, INT_MAX / (128 * (k / 16))));
-  const auto* bits = reinterpret_cast<const uint16_t*>(x);
-  for (int64_t r = 0; r < m; ++r) {
-    const uint16_t* row = bits + r * k;
-    __m512 largest = _mm512_setzero_ps();
-    __mmask16 nan = 0;  // a NaN in x makes the row's outputs NaN, as a float product would
-    for (int64_t c = 0; c < k; c += 16) {
-      const __m512 v = vload_bf16(row + c);
-      largest = _mm512_max_ps(largest, vabs(v));
-      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    }
-    const float most = _mm512_reduce_max_ps(largest);
-    const __m512 inv = _mm512_set1_ps(most > 0.f ? top / most : 0.f);
-    xscale[r] = nan ? std::numeric_limits<float>::quiet_NaN() : most / top;
-    for (int64_t c = 0; c < k; c += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + r * k + c),
-                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(
-                              _mm512_mul_ps(vload_bf16(row + c), inv))));
-  }
-}
 #endif
 
 #if defined(EDGEFIRE_SIMD)
@@ -175,29 +140,18 @@ inline void gemv_int8(const c10::BFloat16* x, int64_t m, int64_t k, const int8_t
     float* xscale = scratch + (m * k + 1) / 2;
     quantize_rows(x, m, k, xq, xscale);
     over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
-      const int16_t* xm = xq + m0 * k;
-      const float* sm = xscale + m0;
-      float* o = out + m0 * n;
-      switch (mb) {
-        case 4: tile_int8_q16<4>(xm, sm, w, scales, k, n0, o, n); break;
-        case 3: tile_int8_q16<3>(xm, sm, w, scales, k, n0, o, n); break;
-        case 2: tile_int8_q16<2>(xm, sm, w, scales, k, n0, o, n); break;
-        default: tile_int8_q16<1>(xm, sm, w, scales, k, n0, o, n); break;
-      }
+      with_rows(mb, [&](auto rows) {
+        tile_int8_q16<rows()>(xq + m0 * k, xscale + m0, w, scales, k, n0, out + m0 * n, n);
+      });
     });
     return;
   }
 #endif
   for (int64_t i = 0; i < m * k; ++i) scratch[i] = static_cast<float>(x[i]);
   over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
-    const float* xm = scratch + m0 * k;
-    float* o = out + m0 * n;
-    switch (mb) {
-      case 4: tile_int8<4>(xm, w, scales, k, n0, o, n); break;
-      case 3: tile_int8<3>(xm, w, scales, k, n0, o, n); break;
-      case 2: tile_int8<2>(xm, w, scales, k, n0, o, n); break;
-      default: tile_int8<1>(xm, w, scales, k, n0, o, n); break;
-    }
+    with_rows(mb, [&](auto rows) {
+      tile_int8<rows()>(scratch + m0 * k, w, scales, k, n0, out + m0 * n, n);
+    });
   });
 }
 

@@ -94,9 +94,8 @@ struct Proj {
     } else if (group == 0) {
       gemv_int8(x.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out, xf.data());
     } else {
-      widen_with_group_sums(x.data(), m, k, group, xf.data(), xsum.data());
-      gemv_int4(xf.data(), xsum.data(), m, k, group, block, w.data_ptr<uint8_t>(),
-                bits(scales), n, out);
+      gemv_int4(x.data(), m, k, group, block, w.data_ptr<uint8_t>(), bits(scales), n, out,
+                xf.data(), xsum.data());
     }
   }
 
@@ -115,12 +114,7 @@ struct Proj {
       if (m0 == 0) decoder->decode(decoder->self, n0, kTileRows, rows);
       const uint16_t* xm = xo + m0 * k;
       float* o = out + m0 * n + n0;
-      switch (mb) {
-        case 4: tile<4>(xm, rows, k, 0, o, n); break;
-        case 3: tile<3>(xm, rows, k, 0, o, n); break;
-        case 2: tile<2>(xm, rows, k, 0, o, n); break;
-        default: tile<1>(xm, rows, k, 0, o, n); break;
-      }
+      with_rows(mb, [&](auto count) { tile<count()>(xm, rows, k, 0, o, n); });
     });
   }
 
