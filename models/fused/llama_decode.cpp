@@ -10,6 +10,7 @@
 // layers; the projections' inputs are rounded to BF16, as the BF16 weights require.
 #include <torch/extension.h>
 
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -211,6 +212,27 @@ torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
   return out;
 }
 
+// x [m, k] bfloat16 @ each of several weights of one shape in turn, in one call, as the fused
+// step runs its matmuls: the seconds the matmuls took, with no Python call between them
+// (bench/kernels.py's read rate per shape beside the one-call-per-matmul rate). pairs: none,
+// or each weight's packed pairs (Proj::set_pairs).
+double time_linears(torch::Tensor x, std::vector<std::vector<pybind11::object>> forms,
+                    std::vector<torch::Tensor> pairs) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2 &&
+                  !forms.empty() && (pairs.empty() || pairs.size() == forms.size()),
+              "x: contiguous bfloat16 [m, k]; one or more weights, pairs for none or each");
+  const int64_t m = x.size(0), k = x.size(1), n = form_rows(forms[0]);
+  TORCH_CHECK(n % edgefire::fused::kTileRows == 0 && k % edgefire::fused::kChunk == 0,
+              "weight rows % 4 == 0, k % 32 == 0");
+  std::vector<Proj> projs = projections(forms, n, k, "w");
+  for (size_t i = 0; i < pairs.size(); ++i) projs[i].set_pairs(pairs[i]);
+  std::vector<bf16> rows(x.data_ptr<bf16>(), x.data_ptr<bf16>() + m * k);
+  std::vector<float> xf(m * k), xsum(m * k), out(m * n);
+  const auto start = std::chrono::steady_clock::now();
+  for (const Proj& proj : projs) proj.apply(rows, m, xf, xsum, out.data());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // x [m, k] bfloat16 @ a weight packed by pack_bf16 ([n / 64, k / 2, 64, 2] bfloat16) -> [m, n]
 // float32 (gemm_packed.h).
 torch::Tensor linear_packed(torch::Tensor x, torch::Tensor packed) {
@@ -244,6 +266,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.def("round_bf16", &round_bf16);
   m.def("linear_packed", &linear_packed);
+  m.def("time_linears", &time_linears);
   m.attr("isa") = edgefire::fused::kIsa;
   m.attr("amx") = edgefire::fused::amx_usable();
   pybind11::class_<LlamaDecode>(m, "LlamaDecode")
