@@ -324,6 +324,19 @@ def test_packed_pairs_matmul_matches_a_float_matmul(pairs_kernel):
                                    x.float() @ w.float().T, atol=1e-4, rtol=1e-5)
 
 
+def test_time_linears_times_each_weight_and_checks_its_input(kernel):
+    # bench/kernels.py's one-call rate: every weight of one shape multiplied in turn, timed.
+    g = torch.Generator().manual_seed(6)
+    forms = [weight_form(Int8Linear.quantize(torch.randn(64, 128, generator=g)))
+             for _ in range(3)]
+    x = torch.randn(2, 128, generator=g).bfloat16()
+    assert kernel.time_linears(x, forms, []) > 0
+    with pytest.raises(RuntimeError, match="pairs for none or each"):
+        kernel.time_linears(x, forms, [torch.empty(0)])
+    with pytest.raises(RuntimeError, match="int8 \\[rows, cols\\]"):  # a weight of another shape
+        kernel.time_linears(x, [*forms, weight_form(Int8Linear.quantize(torch.randn(32, 128)))], [])
+
+
 def test_a_rows_packed_product_does_not_depend_on_the_rows_beside_it(pairs_kernel):
     # Tiles of six rows, chunks of 48 rows between threads: each output is still one chain of
     # dot products over K in order, bit for bit.
