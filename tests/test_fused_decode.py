@@ -17,7 +17,7 @@ from edgefire.models.fused import (
     fused_kernels,
     weight_form,
 )
-from edgefire.models.fused.llama_decode import pack_pairs
+from edgefire.models.fused.llama_decode import form_kind, pack_pairs
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.plugins.unweight.resident import UnweightLinear
@@ -25,7 +25,8 @@ from edgefire.plugins.unweight.resident import UnweightLinear
 CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=3,
                      num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
                      rms_norm_eps=1e-5, max_position=128)
-BLOCK, BLOCKS = 4, 168
+SEQ_BLOCKS = 13  # _case's blocks a sequence: room for lengths up to 52
+BLOCK, BLOCKS = 4, SEQ_BLOCKS * MAX_ROWS_BESIDE_AMX
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +68,15 @@ def _decode_meta(tables: list[list[int]], lens: list[int]) -> AttentionMetadata:
 def _case(rows: int, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None = None,
           config: LlamaConfig = CONFIG):
     """A model in dtype and a cache already holding each sequence's earlier K/V (random),
-    about to decode one token per sequence at lengths 3, 7, 9, ... (12 shuffled blocks each)."""
+    about to decode one token per sequence at lengths 3, 7, 9, ... (SEQ_BLOCKS shuffled blocks
+    each)."""
     model = LlamaForCausalLM(config, weights or _weights(config), (dtype,),
                              kv_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(1)
     cache = torch.randn(model.kv_cache_shape(BLOCKS, BLOCK), generator=g).bfloat16()
     lens = [3 + 3 * s + s % 2 for s in range(rows)]
-    tables = [[s * 12 + (5 * b) % 12 for b in range(12)] for s in range(rows)]
+    tables = [[s * SEQ_BLOCKS + (5 * b) % SEQ_BLOCKS for b in range(SEQ_BLOCKS)]
+              for s in range(rows)]
     ids = torch.randint(0, config.vocab_size, (rows,), generator=g)
     positions = torch.tensor([n - 1 for n in lens])
     return model, cache, ids, positions, _decode_meta(tables, lens)
@@ -100,14 +103,30 @@ def test_max_rows_past_a_few_only_where_torch_has_no_faster_gemm(monkeypatch):
     import edgefire.models.fused.llama_decode as fused
 
     monkeypatch.setattr(fused, "has_amx", lambda: True)
-    assert fused.max_rows("avx512bf16", amx_tiles=True, all_bf16=True) == MAX_ROWS
-    # INT8/INT4/codec forms run dot-product kernels, which oneDNN's AMX GEMM outruns.
-    assert fused.max_rows("avx512bf16", amx_tiles=True, all_bf16=False) == MAX_ROWS_BESIDE_AMX
+    bf16, codec, integer = frozenset({"bf16"}), frozenset({"codec"}), frozenset({"integer"})
+    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16) == MAX_ROWS
+    # Codecs' rows go to oneDNN's AMX GEMM on torch's path, decoded to BF16: it outruns the
+    # step's row decoders past a few rows.
+    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=codec) == MAX_ROWS_BESIDE_AMX
+    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16 | codec) == MAX_ROWS_BESIDE_AMX
     # Tiles refused to this process (EDGEFIRE_AMX_TILES=0): dot products, beside torch's AMX.
-    assert fused.max_rows("avx512bf16", amx_tiles=False, all_bf16=True) == MAX_ROWS_BESIDE_AMX
+    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=bf16) == MAX_ROWS_BESIDE_AMX
+    # INT8/INT4 go to torch's weight-only kernels, which use no tiles.
+    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=integer) == MAX_ROWS
+    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=integer) == MAX_ROWS
+    mixed = bf16 | integer
+    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=mixed) == MAX_ROWS_BESIDE_AMX
     monkeypatch.setattr(fused, "has_amx", lambda: False)
-    assert fused.max_rows("avx512bf16", all_bf16=False) == MAX_ROWS
+    assert fused.max_rows("avx512bf16", forms=codec) == MAX_ROWS
     assert fused.max_rows("avx2") == MAX_ROWS
+
+
+def test_form_kind_names_each_weight_form():
+    w = torch.randn(64, 64).to(torch.bfloat16)
+    assert form_kind(weight_form(w)) == "bf16"
+    assert form_kind(weight_form(Int8Linear.quantize(w))) == "integer"
+    unweight = UnweightLinear.from_weight(w, tune=False)
+    assert form_kind(weight_form(unweight)) == "codec"  # its row decoder's capsule
 
 
 QUANTIZERS = {

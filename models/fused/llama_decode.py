@@ -27,29 +27,46 @@ from edgefire.models.rotary import RotaryEmbedding
 
 fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name("llama_decode.cpp"))
 
-# The most decode rows the fused step takes. Past a few rows its dot-product kernels (gemv.h,
-# gemv_int4.h, codecs' row decoders) are compute-bound (bench/kernels.py), so where torch's GEMM
-# runs on AMX tiles (oneDNN) it gives way past MAX_ROWS_BESIDE_AMX: SmolLM2, two threads, ms a
-# step fused against through torch, 8 rows 22.9 vs 35.9, 12 rows 31.6 vs 39.0, 16 rows 41.2 vs
-# 42.7, 24 rows 55.0 vs 50.2. BF16 weights multiply over packed pairs (gemm_packed.h), on AMX
-# tiles where the process may use them (gemm_amx.h), and take MAX_ROWS: on a 2-core Xeon with
-# AMX, ms a step at 1, 4, 8, 16, 32 and 64 rows, 15.1, 17.5, 19.9, 25.5, 30.3 and 54.6 on
-# tiles, against 13.9, 16.5, 23.5, 31.4, 44.2 and 57.9 with AVX512-BF16 dot products up to 12
-# rows and oneDNN's GEMM past them (not batch-invariant there). Without AMX the step wins at every
+# The most decode rows the fused step takes. Past a few rows its dot-product kernels are
+# compute-bound (bench/kernels.py); whether they still beat torch's path there depends on what
+# that path does with the weight. BF16 weights and codecs' rows (decoded to BF16) go to oneDNN's
+# GEMM, which runs on AMX tiles where the CPU has them: there the step gives way past
+# MAX_ROWS_BESIDE_AMX unless it has the tiles too. BF16 weights multiply over packed pairs
+# (gemm_packed.h), on AMX tiles where the process may use them (gemm_amx.h), and take MAX_ROWS:
+# on a 2-core Xeon with AMX, ms a step at 1, 4, 8, 16, 32 and 64 rows, 15.1, 17.5, 19.9, 25.5,
+# 30.3 and 54.6 on tiles, against 13.9, 16.5, 23.5, 31.4, 44.2 and 57.9 with AVX512-BF16 dot
+# products up to 12 rows and oneDNN's GEMM past them. Without the tiles (EDGEFIRE_AMX_TILES=0),
+# ms a SmolLM2 step fused against through torch on that Xeon, 12 rows 30.3 vs 47.6, 16 rows 42.8
+# vs 47.9, 20 rows 50.0 vs 55.5, 24 rows 60.9 vs 60.3; the Unweight codec's row decoders, 12 rows
+# 44.1 vs 69.3, 16 rows 61.1 vs 76.7, 20 rows 69.8 vs 81.9, 24 rows 81.3 vs 79.2. INT8 and INT4
+# weights go to torch's weight-only kernels, which use no tiles, and the step's integer kernels
+# (gemv_int8.h, gemv_int4.h) beat them at every row count there: same Xeon, ms a step, INT8 1
+# row 6.6 vs 27.7, 16 rows 33.4 vs 78.1, 32 rows 61.9 vs 152.3, 64 rows 117.8 vs 260.4; INT4 3.9
+# vs 18.0, 26.3 vs 65.8, 46.3 vs 118.4, 84.7 vs 209.3. Without AMX the step wins at every
 # decode size the engine makes: with AVX512-BF16 (AMD EPYC, Zen 4; torch in BF16) 16 rows 32.5
 # vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs 157.2; on AVX2 (torch in float32, its fast
 # dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (Zen 3).
 MAX_ROWS = 64
-MAX_ROWS_BESIDE_AMX = 12
+MAX_ROWS_BESIDE_AMX = 16
 
 
-def max_rows(isa: str, amx_tiles: bool = False, all_bf16: bool = False) -> int:
+def max_rows(isa: str, amx_tiles: bool = False, forms: frozenset[str] = frozenset()) -> int:
     """The most rows the fused step computes (batch-invariant: each row the same whatever
     shares its step), for a kernel built for `isa` on this CPU that may (`amx_tiles`) use AMX
-    tiles, over weights that are all BF16 or not."""
-    if isa == "avx2" or (isa == "avx512bf16" and (not has_amx() or (amx_tiles and all_bf16))):
+    tiles, over weights of these forms (form_kind's names)."""
+    if isa == "avx2" or (isa == "avx512bf16" and not has_amx()):
+        return MAX_ROWS
+    beside_onednn = "codec" in forms or ("bf16" in forms and not amx_tiles)
+    if isa == "avx512bf16" and not beside_onednn:
         return MAX_ROWS
     return MAX_ROWS_BESIDE_AMX
+
+
+def form_kind(form: list[Any]) -> str:
+    """What kind of weight a form (weight_form) is, for max_rows: bf16, codec or integer."""
+    if len(form) > 1:
+        return "integer"  # INT8 (weight, scales) or INT4 (packed, scales_zeros, block)
+    return "bf16" if _is_bf16(form[0]) else "codec"
 
 
 class FusedLlamaDecode:
@@ -62,9 +79,8 @@ class FusedLlamaDecode:
         # Float32 tables: the fused step rotates in float32 (the weights' copy is BF16).
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
         self.kernel = kernel
-        all_bf16 = all(len(form) == 1 and _is_bf16(form[0])
-                       for per_layer in forms for form in per_layer)
-        self.max_rows = max_rows(kernel.isa, kernel.amx, all_bf16)
+        kinds = frozenset(form_kind(form) for per_layer in forms for form in per_layer)
+        self.max_rows = max_rows(kernel.isa, kernel.amx, kinds)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
         # With AVX512-BF16, BF16 weights are multiplied over a copy packed as pairs
@@ -83,7 +99,7 @@ class FusedLlamaDecode:
         # prompt chunk torch's path spends around its GEMMs (norms, rotary, SiLU·up, copies)
         # and the Python between them. Causal attention over the pages is paged_prefill.h's,
         # which serves head_dim 64 and 128.
-        self.takes_prompts = (pairs and all_bf16 and self.max_rows == MAX_ROWS
+        self.takes_prompts = (pairs and kinds == {"bf16"} and self.max_rows == MAX_ROWS
                               and c.head_dim in (64, 128))
 
     @classmethod
