@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -311,6 +314,46 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
         pytest.skip("this torch has no INT4 CPU kernel")
     for k in (224, 256):
         _rows_alone_match_rows_together(kernel, form, k)
+
+
+def test_int8_rows_in_groups_of_sixteen_and_past_them(kernel):
+    # On AMX machines x rows from five on go in tiles of 16 rows (gemm_int8_amx.h), two tiles
+    # a pass, the last short; K runs in 64-value steps, the weight in 16-row blocks.
+    g = torch.Generator().manual_seed(5)
+    for n, k in ((48, 128), (32, 4096)):
+        w = torch.randn(n, k, generator=g)
+        weight = weight_form(Int8Linear.quantize(w))
+        x = torch.randn(37, k, generator=g).bfloat16()
+        together = kernel.linear(x, weight)
+        _assert_quantized_product(together, x, Int8Linear.quantize(w).dequantize())
+        for start, rows in ((0, 1), (3, 4), (5, 5), (0, 16), (14, 17), (1, 33), (0, 37)):
+            alone = kernel.linear(x[start:start + rows].contiguous(), weight)
+            assert torch.equal(alone, together[start:start + rows])
+
+
+def test_int8_on_amx_tiles_gives_the_dot_products_bits(kernel, tmp_path):
+    # The same products with the tiles refused to the process (EDGEFIRE_AMX_TILES=0): each
+    # total is exact in integers either way, then rounded once.
+    if not kernel.amx:
+        pytest.skip("this CPU or this process has no AMX tiles")
+    script = """
+import sys, torch
+from edgefire.models.fused import fused_kernels, weight_form
+from edgefire.plugins.quant.linear import Int8Linear
+g = torch.Generator().manual_seed(6)
+q = Int8Linear.quantize(torch.randn(96, 576, generator=g))
+x = (torch.randn(40, 576, generator=g) * torch.logspace(-3, 3, 40)[:, None]).bfloat16()
+x[7] = 0
+torch.save(fused_kernels().linear(x, weight_form(q)), sys.argv[1])
+"""
+    outs = []
+    for tiles in ("1", "0"):
+        path = tmp_path / f"tiles{tiles}.pt"
+        env = {**os.environ, "EDGEFIRE_AMX_TILES": tiles}
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True)
+        outs.append(torch.load(path))
+    assert torch.equal(outs[0], outs[1])
+    assert (outs[0][7] == 0).all()
 
 
 def _rows_alone_match_rows_together(kernel, form: str, k: int) -> None:

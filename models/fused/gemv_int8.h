@@ -9,8 +9,10 @@
 // conversions and four FMAs. The float path was compute-bound at one x row on a 2-core Zen 4
 // (SmolLM2's o, weight hot in cache: 14.8 us a call, streamed 19.6); this one takes 6.6-10 us
 // hot there, and streamed is bound by the read (bench/kernels.py).
-// The sums are exact in int32 (the x range is cut so a lane cannot overflow), so a row's
-// result is the same whatever shares its step or however its tiles are ordered. x's rounding
+// The sums are exact in int32 (the x range is cut so a lane cannot overflow) and a row's
+// lanes are added exactly in int64, then rounded to float32 once, so a row's result is the
+// same whatever shares its step, however its tiles are ordered, and on AMX tiles from
+// kInt8AmxFromRows rows (gemm_int8_amx.h: the same integer totals). x's rounding
 // adds at most s / 2 * sum_k |w[n, k]| * scale[n] to an output: at 16 bits, ~1e-5 of the
 // product's scale, where the weight's own rounding is up to 1 / 254 of each weight.
 // Elsewhere (AVX2, or k not a multiple of 64), x widened to float32 and FMA, as exact as
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gemm_int8_amx.h"
 #include "gemv.h"
 #include "x_integers.h"
 
@@ -31,6 +34,28 @@ constexpr int64_t kInt8Ahead = 8192;  // bytes: INT8 tiles ask for their weight 
 constexpr int64_t kInt8Line = 64;     // INT8 values in a cache line
 
 #if defined(__AVX512BW__)
+// The exact sums of four int32 vectors' lanes (in int64: the lanes' total may pass int32),
+// each then rounded to float32 once. Summed exactly, a total is the same however its products
+// were grouped, so the AMX kernel's outputs (gemm_int8_amx.h) are these, bit for bit.
+inline __m128 totals4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  auto wide = [](__m512i v) {
+    return _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),
+                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1)));
+  };
+  const __m512i wa = wide(a), wb = wide(b), wc = wide(c), wd = wide(d);
+  // per 128-bit lane: (a's pair, b's pair) and (c's, d's)
+  auto pairs = [](__m512i x, __m512i y) {
+    return _mm512_add_epi64(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y));
+  };
+  const __m512i ab = pairs(wa, wb), cd = pairs(wc, wd);
+  // lanes (ab 0 + 1, ab 2 + 3, cd 0 + 1, cd 2 + 3), then (ab, cd, ..) summed over all four
+  const __m512i half = _mm512_add_epi64(_mm512_shuffle_i64x2(ab, cd, 0x88),
+                                        _mm512_shuffle_i64x2(ab, cd, 0xDD));
+  const __m512i all = _mm512_add_epi64(_mm512_shuffle_i64x2(half, half, 0x88),
+                                       _mm512_shuffle_i64x2(half, half, 0xDD));
+  return _mm256_cvtepi64_ps(_mm512_castsi512_si256(all));  // (a, b, c, d)
+}
+
 // INT8 rows [n0, n0 + 4) against MB rows of x as 16-bit integers (xq) with their scales. One
 // or two x rows keep a sum per half line for each (row, x row), so a line's two multiply-adds
 // do not wait on each other; from three rows the 4 x MB sums are independent enough.
@@ -59,15 +84,15 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
     }
   const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
       _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
-  auto total = [&](int i, int j) {
+  auto lanes = [&](int i, int j) {
     __m512i sum = acc[0][i][j];
     if constexpr (P == 2) sum = _mm512_add_epi32(sum, acc[1][i][j]);
-    return _mm512_cvtepi32_ps(sum);
+    return sum;
   };
   for (int j = 0; j < MB; ++j)
     _mm_storeu_ps(out + j * n_out + n0,
                   _mm_mul_ps(_mm_mul_ps(s, _mm_set1_ps(xscale[j])),
-                             reduce4(total(0, j), total(1, j), total(2, j), total(3, j))));
+                             totals4(lanes(0, j), lanes(1, j), lanes(2, j), lanes(3, j))));
 }
 
 #endif
@@ -139,6 +164,11 @@ inline void gemv_int8(const c10::BFloat16* x, int64_t m, int64_t k, const int8_t
     auto* xq = reinterpret_cast<int16_t*>(scratch);
     float* xscale = scratch + (m * k + 1) / 2;
     quantize_rows(x, m, k, xq, xscale);
+#if defined(__AVX512DQ__)
+    if (m >= kInt8AmxFromRows && n % kInt8AmxRows == 0 && k <= kInt8AmxMaxK &&
+        amx_int8_usable())
+      return gemm_int8_amx(xq, xscale, m, k, w, scales, n, out);
+#endif
     over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
       with_rows(mb, [&](auto rows) {
         tile_int8_q16<rows()>(xq + m0 * k, xscale + m0, w, scales, k, n0, out + m0 * n, n);

@@ -40,9 +40,10 @@ fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name(
 # vs 47.9, 20 rows 50.0 vs 55.5, 24 rows 60.9 vs 60.3; the Unweight codec's row decoders, 12 rows
 # 44.1 vs 69.3, 16 rows 61.1 vs 76.7, 20 rows 69.8 vs 81.9, 24 rows 81.3 vs 79.2. INT8 and INT4
 # weights go to torch's weight-only kernels, which use no tiles, and the step's integer kernels
-# (gemv_int8.h, gemv_int4.h) beat them at every row count there: same Xeon, ms a step, INT8 1
-# row 6.6 vs 27.7, 16 rows 33.4 vs 78.1, 32 rows 61.9 vs 152.3, 64 rows 117.8 vs 260.4; INT4 3.9
-# vs 18.0, 26.3 vs 65.8, 46.3 vs 118.4, 84.7 vs 209.3. Without AMX the step wins at every
+# beat them at every row count there: same Xeon, ms a step at 1, 16, 32 and 64 rows, INT8
+# (gemv_int8.h, on AMX tiles from 5 rows: gemm_int8_amx.h) 6.1, 18.2, 30.5, 55.3 vs 33.3,
+# 82.7, 138.9, 264.8 through torch; INT4 (gemv_int4.h) 3.9, 26.3, 46.3, 84.7 vs 18.0, 65.8,
+# 118.4, 209.3. Without AMX the step wins at every
 # decode size the engine makes: with AVX512-BF16 (AMD EPYC, Zen 4; torch in BF16) 16 rows 32.5
 # vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs 157.2; on AVX2 (torch in float32, its fast
 # dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (Zen 3).
