@@ -316,16 +316,31 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
         _rows_alone_match_rows_together(kernel, form, k)
 
 
-def test_int8_rows_in_groups_of_sixteen_and_past_them(kernel):
-    # On AMX machines x rows from five on go in tiles of 16 rows (gemm_int8_amx.h), two tiles
-    # a pass, the last short; K runs in 64-value steps, the weight in 16-row blocks.
+# (quantizer, dequantizer) per form and group: torch's INT4 packing dequantizes only through
+# its BF16 kernel, so the plain packing (the same integers, scales and zeros) gives the weight.
+QUANT_FORMS = {
+    "int8": (Int8Linear.quantize, lambda w: Int8Linear.quantize(w).dequantize()),
+    **{f"int4-g{g}": (functools.partial(Int4Linear.quantize, group_size=g, use_kernel=True),
+                      lambda w, g=g: Int4Linear.quantize(w, g, use_kernel=False).dequantize())
+       for g in (32, 64, 128)},
+}
+
+
+@pytest.mark.parametrize("form", list(QUANT_FORMS))
+def test_quantized_products_of_many_rows_match_rows_alone(kernel, form):
+    # INT8 on AMX machines: x rows from five on go in tiles of 16 rows (gemm_int8_amx.h), the
+    # last short, K in steps of 64 values, the weight in blocks of 16 rows. INT4: x rows in
+    # passes of up to four (gemv_int4.h), each group's sums scaled in at its end.
+    if form.startswith("int4") and not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
+    quantize, dequantize = QUANT_FORMS[form]
     g = torch.Generator().manual_seed(5)
-    for n, k in ((48, 128), (32, 4096)):
+    for n, k in ((64, 256), (128, 4096)):
         w = torch.randn(n, k, generator=g)
-        weight = weight_form(Int8Linear.quantize(w))
+        weight = weight_form(quantize(w))
         x = torch.randn(37, k, generator=g).bfloat16()
         together = kernel.linear(x, weight)
-        _assert_quantized_product(together, x, Int8Linear.quantize(w).dequantize())
+        _assert_quantized_product(together, x, dequantize(w))
         for start, rows in ((0, 1), (3, 4), (5, 5), (0, 16), (14, 17), (1, 33), (0, 37)):
             alone = kernel.linear(x[start:start + rows].contiguous(), weight)
             assert torch.equal(alone, together[start:start + rows])
