@@ -1,7 +1,8 @@
 """Decode steps per weight form and row count: SmolLM2 in BF16, INT8, INT4 and Unweight, ms a
 step through the fused step (taken past the engine's limit too) and through torch's path, and
 the most rows the engine lets the fused step take on this machine (max_rows in
-models/fused/llama_decode.py), so each form's crossover is read off one run. Where the process
+models/fused/llama_decode.py), so each form's crossover is read off one run; and a prompt's
+prefill both ways, with which of the two the engine takes (takes_prompts). Where the process
 may use AMX tiles, the fused step is timed again with them refused (EDGEFIRE_AMX_TILES=0, in a
 child process: the kernel decides once per process), the dot-product kernels alone.
 
@@ -18,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -25,28 +27,51 @@ from bench._common import log, machine_info, markdown_table, write_results
 from bench.kernels import MODEL, step_times
 from bench.roofline import measure_roofline
 from edgefire.models.fused import MAX_ROWS, fused_kernels
-from edgefire.runtime import LLM, EngineConfig
+from edgefire.runtime import LLM, EngineConfig, SamplingParams
 
+PROMPT_TOKENS = 385  # about the engine bench's prompts (~270) and a chunk's worth more
 FORMS = {"bf16": MODEL, "int8": f"{MODEL}-int8", "int4": f"{MODEL}-int4",
          "unweight": f"{MODEL}-unweight"}
 
 
 def form_steps(model_id: str, rows: list[int], steps: int, fused_only: bool) -> dict:
-    """ms a step fused (up to MAX_ROWS, whatever the engine's limit) and through torch."""
+    """ms a decode step fused (up to MAX_ROWS, whatever the engine's limit) and through torch,
+    and a prompt's prefill both ways."""
     # Drafts off: each step is exactly `rows` decode rows.
     llm = LLM(model_id, engine_config=EngineConfig(dtype="auto", speculative="off"))
     engine_rows = llm.model.batch_invariant_decode_rows(torch.bfloat16)
-    fused = llm.model._fused_step()  # the step object: its limit lifted for the timing
+    fused = llm.model._fused_step()  # the step object: its limits lifted for the timing
+    engine_prompts = fused.takes_prompts
     fused.max_rows = MAX_ROWS
     times = step_times(llm, rows, steps)
-    out = {"engine_max_rows": engine_rows, "weight_bytes": llm.model.weight_bytes,
+    out = {"engine_max_rows": engine_rows, "engine_takes_prompts": engine_prompts,
+           "weight_bytes": llm.model.weight_bytes,
            "weight_precision": llm.model.weight_precision,
-           "fused_ms": {str(r): times[f"fused_{r}"]["model_ms"] for r in rows}}
+           "fused_ms": {str(r): times[f"fused_{r}"]["model_ms"] for r in rows},
+           "prefill_tok_s": {"fused": prefill_rate(llm, fused, True)}}
     if not fused_only:
         out["torch_ms"] = {str(r): times[f"torch_{r}"]["model_ms"] for r in rows}
+        out["prefill_tok_s"]["torch"] = prefill_rate(llm, fused, False)
     del llm, fused
     gc.collect()
     return out
+
+
+def prefill_rate(llm: LLM, fused, in_step: bool, repeats: int = 3) -> float:
+    """Tokens a second of one PROMPT_TOKENS-token prompt's prefill (and its first token), best
+    of `repeats`, its prompt in the fused step or on torch's path."""
+    fused.takes_prompts = in_step
+    prompt = llm.tokenizer.encode("The history of Frankfurt am Main " * 60)[:PROMPT_TOKENS - 1]
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    best = float("inf")
+    for i in range(repeats):  # a first token of its own: the prefix cache must not serve it
+        llm.engine.add_request(f"prefill-{in_step}-{i}", [1000 + 2 * i + in_step, *prompt],
+                               params)
+        start = time.perf_counter()
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        best = min(best, time.perf_counter() - start)
+    return round(PROMPT_TOKENS / best, 1)
 
 
 def without_tiles(args: argparse.Namespace) -> dict:
@@ -67,6 +92,13 @@ def render(result: dict) -> str:
             rows.append([form, r, fused, dot.get(r, "–"), torch_ms,
                          round(torch_ms / fused, 2),
                          "fused" if int(r) <= entry["engine_max_rows"] else "torch"])
+    prefill = []
+    for form, entry in result["forms"].items():
+        dot = result.get("without_tiles", {}).get(form, {}).get("prefill_tok_s", {})
+        rates = entry["prefill_tok_s"]
+        prefill.append([form, rates["fused"], dot.get("fused", "–"), rates["torch"],
+                        round(rates["fused"] / rates["torch"], 2),
+                        "fused" if entry["engine_takes_prompts"] else "torch"])
     bw = result["roofline"]["read_gb_s"]
     return (f"# Decode steps per weight form (SmolLM2-135M)\n\nMachine: measured read bandwidth "
             f"{bw} GB/s, {result['roofline']['gemm_dtype']} GEMM "
@@ -74,7 +106,10 @@ def render(result: dict) -> str:
             f"{result['amx_tiles']}. ms of the model's forward and logits per decode step; "
             f"\"without tiles\": the fused step with AMX refused (EDGEFIRE_AMX_TILES=0).\n\n"
             + markdown_table(["form", "rows", "fused ms", "fused without tiles ms", "torch ms",
-                              "torch / fused", "engine runs"], rows))
+                              "torch / fused", "engine runs"], rows)
+            + f"\n## Prefill of a {PROMPT_TOKENS}-token prompt, tok/s\n\n"
+            + markdown_table(["form", "fused", "fused without tiles", "torch", "fused / torch",
+                              "engine runs"], prefill))
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ A step takes it when every token in it is a decode (one new token per sequence),
 most max_rows of them (max_rows() says why), it computes in BF16 over a BF16
 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps torch's
 fixed blocks). With AVX512-BF16 (on AMX tiles where torch has them too), prompt chunks with
-causal attention take it too, beside at most max_rows decodes (`takes_prompts`). Anything else
+causal attention take it too, beside at most max_rows decodes, where the weights are BF16, INT8
+or INT4 (`takes_prompts`). Anything else
 runs the torch path, as do models whose projections are in a form the step cannot read. It
 reads the tensors the model holds: BF16 tensors (with AVX512-BF16, over a copy packed as pairs:
 pack_pairs), and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in],
@@ -94,14 +95,20 @@ class FusedLlamaDecode:
             rotary.cos.contiguous(), rotary.sin.contiguous(),
             [[pack_pairs(form) for form in per_layer] for per_layer in forms] if pairs else [])
         self.lm_head_pairs = pack_pairs(self.lm_head) if pairs else _NO_PAIRS
-        # Prompt chunks too, where the pairs kernel multiplies the weights as fast as torch's
-        # GEMM: on Zen 4 the pairs kernel matches oneDNN's BF16 GEMM at prompt sizes, as it does
-        # on AMX tiles where both have them (gemm_amx.h), and the step saves the ~20% of a
-        # prompt chunk torch's path spends around its GEMMs (norms, rotary, SiLU·up, copies)
-        # and the Python between them. Causal attention over the pages is paged_prefill.h's,
-        # which serves head_dim 64 and 128.
-        self.takes_prompts = (pairs and kinds == {"bf16"} and self.max_rows == MAX_ROWS
-                              and c.head_dim in (64, 128))
+        # Prompt chunks too, where the step multiplies the weights as fast as torch's path: on
+        # Zen 4 the pairs kernel matches oneDNN's BF16 GEMM at prompt sizes, as it does on AMX
+        # tiles where both have them (gemm_amx.h), and the step saves the ~20% of a prompt
+        # chunk torch's path spends around its GEMMs (norms, rotary, SiLU·up, copies) and the
+        # Python between them. INT8 and INT4 prompts on torch's path go to its weight-only
+        # kernels, which the step's integer kernels outrun at every size: 2-core Xeon, a
+        # 385-token SmolLM2 prompt, tok/s through the step against torch's, INT8 1,893-2,316
+        # vs 365-424 (on AMX tiles, gemm_int8_amx.h) and 557-604 vs 361-400 with the tiles
+        # refused, INT4 486-797 vs 271-274; on Zen 4 the integer kernels multiply 1.4-2.8x as
+        # fast as torch's at 64 rows (bench/results/kernels.json). Codecs' rows are left to
+        # torch's GEMM over the decoded rows. Causal attention over the pages is
+        # paged_prefill.h's, which serves head_dim 64 and 128.
+        self.takes_prompts = (pairs and kinds <= {"bf16", "integer"}
+                              and self.max_rows == MAX_ROWS and c.head_dim in (64, 128))
 
     @classmethod
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:
