@@ -28,26 +28,26 @@ from edgefire.models.rotary import RotaryEmbedding
 
 fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name("llama_decode.cpp"))
 
-# The most decode rows the fused step takes. Past a few rows its dot-product kernels are
-# compute-bound (bench/kernels.py); whether they still beat torch's path there depends on what
-# that path does with the weight. BF16 weights and codecs' rows (decoded to BF16) go to oneDNN's
-# GEMM, which runs on AMX tiles where the CPU has them: there the step gives way past
-# MAX_ROWS_BESIDE_AMX unless it has the tiles too. BF16 weights multiply over packed pairs
-# (gemm_packed.h), on AMX tiles where the process may use them (gemm_amx.h), and take MAX_ROWS:
-# on a 2-core Xeon with AMX, ms a step at 1, 4, 8, 16, 32 and 64 rows, 15.1, 17.5, 19.9, 25.5,
-# 30.3 and 54.6 on tiles, against 13.9, 16.5, 23.5, 31.4, 44.2 and 57.9 with AVX512-BF16 dot
-# products up to 12 rows and oneDNN's GEMM past them. Without the tiles (EDGEFIRE_AMX_TILES=0),
-# ms a SmolLM2 step fused against through torch on that Xeon, 12 rows 30.3 vs 47.6, 16 rows 42.8
-# vs 47.9, 20 rows 50.0 vs 55.5, 24 rows 60.9 vs 60.3; the Unweight codec's row decoders, 12 rows
-# 44.1 vs 69.3, 16 rows 61.1 vs 76.7, 20 rows 69.8 vs 81.9, 24 rows 81.3 vs 79.2. INT8 and INT4
-# weights go to torch's weight-only kernels, which use no tiles, and the step's integer kernels
-# beat them at every row count there: same Xeon, ms a step at 1, 16, 32 and 64 rows, INT8
-# (gemv_int8.h, on AMX tiles from 5 rows: gemm_int8_amx.h) 6.1, 18.2, 30.5, 55.3 vs 33.3,
-# 82.7, 138.9, 264.8 through torch; INT4 (gemv_int4.h) 3.9, 26.3, 46.3, 84.7 vs 18.0, 65.8,
-# 118.4, 209.3. Without AMX the step wins at every
-# decode size the engine makes: with AVX512-BF16 (AMD EPYC, Zen 4; torch in BF16) 16 rows 32.5
-# vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs 157.2; on AVX2 (torch in float32, its fast
-# dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216, 64 rows 254 vs 358 (Zen 3).
+# The most decode rows the fused step takes (bench/steps.py times each form's crossover on a
+# machine). Past a few rows its dot-product kernels are compute-bound (bench/kernels.py); whether
+# they still beat torch's path there depends on what that path does with the weight. BF16 weights
+# and codecs' rows (decoded to BF16) go to oneDNN's GEMM, which runs on AMX tiles where the CPU
+# has them: there the step gives way past MAX_ROWS_BESIDE_AMX unless it has the tiles too. BF16
+# weights multiply over packed pairs (gemm_packed.h), on AMX tiles where the process may use them
+# (gemm_amx.h), and take MAX_ROWS: on a 2-core Xeon with AMX, ms a step at 1, 4, 8, 16, 32 and 64
+# rows, 15.1, 17.5, 19.9, 25.5, 30.3 and 54.6 on tiles, against 13.9, 16.5, 23.5, 31.4, 44.2 and
+# 57.9 with AVX512-BF16 dot products up to 12 rows and oneDNN's GEMM past them. Without the tiles
+# (EDGEFIRE_AMX_TILES=0), ms a SmolLM2 step fused against through torch on that Xeon, 12 rows 30.3
+# vs 47.6, 16 rows 42.8 vs 47.9, 20 rows 50.0 vs 55.5, 24 rows 60.9 vs 60.3; the Unweight codec's
+# row decoders, 12 rows 44.1 vs 69.3, 16 rows 61.1 vs 76.7, 20 rows 69.8 vs 81.9, 24 rows 81.3 vs
+# 79.2. INT8 and INT4 weights go to torch's weight-only kernels, which use no tiles, and the
+# step's integer kernels beat them at every row count there: same Xeon, ms a step at 1, 16, 32 and
+# 64 rows, INT8 (gemv_int8.h, on AMX tiles from 5 rows: gemm_int8_amx.h) 6.1, 18.2, 30.5, 55.3 vs
+# 33.3, 82.7, 138.9, 264.8 through torch; INT4 (gemv_int4.h) 3.9, 26.3, 46.3, 84.7 vs 18.0, 65.8,
+# 118.4, 209.3. Without AMX the step wins at every decode size the engine makes: with AVX512-BF16
+# (AMD EPYC, Zen 4; torch in BF16) 16 rows 32.5 vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs
+# 157.2; on AVX2 (torch in float32, its fast dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216,
+# 64 rows 254 vs 358 (Zen 3).
 MAX_ROWS = 64
 MAX_ROWS_BESIDE_AMX = 16
 
