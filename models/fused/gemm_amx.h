@@ -34,12 +34,18 @@ namespace edgefire::fused {
 // Linux asks a process to request the 8 KiB of tile state before its first tile instruction
 // (arch/x86 XFEATURE_XTILEDATA); where the CPU or the VM lacks it the request fails, and the
 // AVX512 kernel runs instead, as it does with EDGEFIRE_AMX_TILES=0 (to compare the two).
+// CPUID leaf 7's EDX: the AMX feature bits (22 BF16, 24 tiles, 25 INT8).
+inline unsigned cpuid7_edx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+  return edx;
+}
+
 inline bool amx_usable() {
   static const bool usable = [] {
     const char* env = std::getenv("EDGEFIRE_AMX_TILES");
     if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    const unsigned edx = cpuid7_edx();
     const bool tile = (edx >> 24) & 1, bf16 = (edx >> 22) & 1;
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
     return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;

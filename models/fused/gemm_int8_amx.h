@@ -45,11 +45,7 @@ constexpr int64_t kInt8AmxFromRows = 5;
 
 // AMX-INT8 (CPUID.7.0:EDX[25]) beside the tile state this process was granted.
 inline bool amx_int8_usable() {
-  static const bool usable = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-    return ((edx >> 25) & 1) && amx_usable();
-  }();
+  static const bool usable = ((cpuid7_edx() >> 25) & 1) && amx_usable();
   return usable;
 }
 
