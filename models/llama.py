@@ -177,6 +177,12 @@ class LlamaForCausalLM(PagedGQADecoder):
         fused = self._fused_step()
         return fused.max_rows if fused is not None and dtype == torch.bfloat16 else 0
 
+    def fused_prompts(self, dtype: torch.dtype) -> bool:
+        """Whether a step of this dtype computes its prompt chunks, whatever their length, in
+        one native step with up to batch_invariant_decode_rows decodes (models/fused)."""
+        fused = self._fused_step()
+        return fused is not None and fused.takes_prompts and dtype == torch.bfloat16
+
     def _fused_step(self) -> FusedLlamaDecode | None:
         if not self._fused_built:
             self._fused_built = True

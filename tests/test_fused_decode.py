@@ -250,16 +250,20 @@ def test_decodes_beside_a_prompt_chunk_still_take_the_fused_step(kernel):
 def test_prompt_chunks_take_the_fused_step_beside_decodes(kernel, form):
     # Where the pairs kernel multiplies BF16 weights, whole prompts and later chunks (causal at
     # their context's end) run in the same native call as the decodes, against torch's path
-    # here; so do INT8 and INT4 weights there (torch's path: its weight-only kernels).
+    # here; so do INT8 and INT4 weights there and on AVX2 (torch's path: its weight-only
+    # kernels).
     if form == "int4" and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
     config = dataclasses.replace(CONFIG, head_dim=64)
     model, cache, ids, positions, meta = _case(2, torch.bfloat16, config=config)
     if form != "bf16":
         model.make_resident(QUANTIZERS[form], form, Int8Linear.quantize)
-    if not model._fused_step().takes_prompts:
-        pytest.skip("prompt chunks take the fused step with AVX512-BF16, and on AMX tiles where "
-                    "torch has them")
+    takes = model._fused_step().takes_prompts
+    if kernel.isa == "avx2" and form != "bf16":
+        assert takes  # AVX2's integer kernels
+    elif not takes:
+        pytest.skip("prompt chunks take the fused step with AVX512-BF16 (on AMX tiles where "
+                    "torch has them); on AVX2, INT8 and INT4 ones only")
     g = torch.Generator().manual_seed(6)
     spans, slots, new_ids, new_positions = [], [], [], []
     row = meta.num_decode_tokens
@@ -350,12 +354,14 @@ QUANT_FORMS = {
 def test_quantized_products_of_many_rows_match_rows_alone(kernel, form):
     # INT8 on AMX machines: x rows from five on go in tiles of 16 rows (gemm_int8_amx.h), the
     # last short, K in steps of 64 values, the weight in blocks of 16 rows. INT4: x rows in
-    # passes of up to four (gemv_int4.h), each group's sums scaled in at its end.
+    # passes of up to four (gemv_int4.h), each group's sums scaled in at its end. K 8448: past
+    # the AVX2 INT8 kernel's int32 span (its lanes go into int64 and start again) and where
+    # x's integer range is cut (quantize_rows).
     if form.startswith("int4") and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
     quantize, dequantize = QUANT_FORMS[form]
     g = torch.Generator().manual_seed(5)
-    for n, k in ((64, 256), (128, 4096)):
+    for n, k in ((64, 256), (128, 4096), (64, 8448)):
         w = torch.randn(n, k, generator=g)
         weight = weight_form(quantize(w))
         x = torch.randn(37, k, generator=g).bfloat16()
@@ -485,6 +491,20 @@ def test_quantized_linear_matches_the_dequantized_matmul(kernel, form):
         x = torch.randn(rows, 128, generator=g).bfloat16()
         _assert_quantized_product(kernel.linear(x, weight_form(quantized)), x,
                                   exact.dequantize())
+
+
+@pytest.mark.parametrize("k", [4096, 8448])
+def test_int8_sums_at_their_largest_stay_exact(kernel, k):
+    # Every product at its largest and of one sign: x's integers at the top of their range, the
+    # weight at -127. An int32 lane past its range would wrap; the exact sum is k * -127 * the
+    # scales, which float32 holds to its rounding.
+    weight, scales = weight_form(QUANTIZERS["int8"](-torch.ones(8, k)))
+    assert (weight == -127).all()
+    x = torch.ones(5, k).bfloat16()
+    exact = (-127 * k * scales.double()).float()
+    for rows in (1, 5):
+        out = kernel.linear(x[:rows].contiguous(), [weight, scales])
+        torch.testing.assert_close(out, exact.expand(rows, 8), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("form", list(QUANTIZERS))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from edgefire.runtime.engine import precision
+from edgefire.runtime.engine.model_runner import ModelRunner
 from edgefire.runtime.engine.precision import AVX2_BFLOAT16_MAX_TOKENS, Precision
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -49,3 +52,34 @@ def test_avx2_limit_is_the_fused_steps_rows():
     from edgefire.models.fused.llama_decode import max_rows
 
     assert max_rows("avx2") == AVX2_BFLOAT16_MAX_TOKENS
+
+
+class _Model:
+    """What ModelRunner asks a model before a step: whether its bfloat16 step takes prompts."""
+
+    def __init__(self, prompts: bool) -> None:
+        self.prompts = prompts
+
+    def forward(self, input_ids, positions, meta, kv_cache, dtype=None, row_block=None): ...
+
+    def compute_logits(self, hidden, row_block=None): ...
+
+    def fused_prompts(self, dtype: torch.dtype) -> bool:
+        return self.prompts and dtype == BF16
+
+
+@pytest.mark.parametrize("prompts", [True, False])
+def test_avx2_prompt_steps_run_in_bfloat16_where_the_models_step_takes_them(cpu, prompts):
+    # INT8/INT4 weights on AVX2: the fused step's integer kernels take prompt chunks beside up
+    # to decode_rows decodes, in bfloat16; other models keep torch's float32 GEMM for them.
+    runner = ModelRunner(_Model(prompts), torch.zeros(1), 16, cpu("avx2"), decode_rows=64)
+
+    def seqs(count: int, tokens: int) -> list:
+        return [(SimpleNamespace(num_draft=0), tokens)] * count
+
+    assert runner._dtype(seqs(3, 1) + seqs(1, 300)) == (BF16 if prompts else FP32)
+    assert runner._dtype(seqs(2, 300)) == (BF16 if prompts else FP32)
+    assert runner._dtype(seqs(65, 1) + seqs(1, 300)) == FP32  # more decodes than it takes
+    assert runner._dtype(seqs(65, 1)) == FP32 and runner._dtype(seqs(64, 1)) == BF16
+    native = ModelRunner(_Model(prompts), torch.zeros(1), 16, cpu("native_bfloat16"), 64)
+    assert not native.small_prompts and native._dtype(seqs(1, 300)) == BF16

@@ -1,6 +1,7 @@
 // Decode-sized INT4 matmul over torch's own CPU packing (torch._convert_weight_to_int4pack_for_cpu,
 // which the quant plugin keeps for prefill), so the fused step needs no copy of its own. In
-// integers where AVX512-BW and VBMI are (block_int4_q16 below), else widened to float32.
+// integers where AVX512-BW and VBMI are, or AVX2 without AVX-512 (gemv_int4_q16.h), else
+// widened to float32.
 //
 // That packing takes output rows in blocks of B (64 where torch runs AVX-512, 32 on AVX2:
 // plugins/quant/linear.py reads which) and, per block, per input column k, B / 2 bytes: byte
@@ -20,6 +21,7 @@
 
 #include "../simd.h"
 #include "gemv.h"
+#include "gemv_int4_q16.h"
 #include "x_integers.h"
 
 namespace edgefire::fused {
@@ -41,7 +43,6 @@ using namespace edgefire::simd;
 // of what drafts gain on INT4; in pairs, 2, 4 and 8 rows run 1.4-1.5x faster than that. (The
 // AVX-512 count is by register budget, compiled but not yet timed.)
 constexpr int64_t kInt4Tokens = kWidth == 16 ? 4 : 2;
-constexpr int64_t kInt4Ahead = 8192;  // bytes: how far ahead a block asks for its weight
 // Columns in flight, each into sums of its own (added at the group's end): one x row's V sums
 // wait on each FMA's latency, column after column, and were the limit at one row (Xeon,
 // weight hot in cache: 17-21 GB/s at one row, 20-27 with two sets; four rows within this
@@ -129,84 +130,6 @@ inline void block_int4(const float* x, const float* xsum, const uint8_t* w,
 }
 #endif
 
-#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
-// The integer path, for torch's AVX-512 packing (blocks of 64 rows): x as 16-bit integers
-// (x_integers.h) and the nibbles as 16-bit words, two columns' products a lane (dot_words).
-// A 64-byte line holds columns c and c + 1 of the block (32 bytes each); two byte
-// permutations spread it into words (row d of c, row d of c + 1), one vector for rows 0-15 and
-// 32-47 (bytes 0-15: low and high nibbles) and one for 16-31 and 48-63; a mask and a shift take
-// the nibbles. 128 weights cost 7 operations and 4 multiply-adds an x row, where widening to
-// float32 costs 20 and 8 FMAs. A group's sums are exact in int32 and scaled into out at its
-// end, in group order, so a row's result does not depend on the rows beside it.
-constexpr int64_t kInt4IntegerBlock = 64;
-
-// Byte indices: word i of the result takes row 16 * half + i's byte of column c (line byte
-// 16 * half + i) and of column c + 1 (line byte 32 + 16 * half + i); odd bytes are masked off.
-inline __m512i column_pairs_index(int half) {
-  alignas(64) int8_t index[64] = {};
-  for (int i = 0; i < 16; ++i) {
-    index[4 * i] = static_cast<int8_t>(16 * half + i);
-    index[4 * i + 2] = static_cast<int8_t>(32 + 16 * half + i);
-  }
-  return _mm512_load_si512(index);
-}
-
-template <int MB>
-inline void block_int4_q16(const int16_t* xq, const float* xscale, const float* xqsum,
-                           const uint8_t* w, const uint16_t* scales_zeros, int64_t k,
-                           int64_t group, int64_t n, int64_t r0, float* out, int64_t n_out) {
-  constexpr int kRow[4] = {0, 32, 16, 48};  // first row of each weight vector's 16
-  constexpr __mmask64 kEvenBytes = 0x5555555555555555ULL;
-  const int64_t groups = k / group, col_bytes = kInt4IntegerBlock / 2;
-  const uint8_t* wb = w + r0 * k / 2;
-  const __m512i index0 = column_pairs_index(0), index1 = column_pairs_index(1);
-  const __m512i nibble = _mm512_set1_epi16(0xF);
-  for (int j = 0; j < MB; ++j)
-    for (int v = 0; v < 4; ++v) vstore(out + j * n_out + r0 + kRow[v], vzero());
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i acc[4][MB];
-    for (auto& row : acc)
-      for (auto& a : row) a = _mm512_setzero_si512();
-    for (int64_t c = g * group; c < (g + 1) * group; c += 2) {
-      const uint8_t* line = wb + c * col_bytes;
-      _mm_prefetch(reinterpret_cast<const char*>(line) + kInt4Ahead, _MM_HINT_T1);
-      const __m512i bytes = _mm512_loadu_si512(line);
-      const __m512i a = _mm512_maskz_permutexvar_epi8(kEvenBytes, index0, bytes);
-      const __m512i b = _mm512_maskz_permutexvar_epi8(kEvenBytes, index1, bytes);
-      const __m512i q[4] = {_mm512_and_si512(a, nibble), _mm512_srli_epi16(a, 4),
-                            _mm512_and_si512(b, nibble), _mm512_srli_epi16(b, 4)};
-      for (int j = 0; j < MB; ++j) {
-        int32_t pair;  // x's columns c and c + 1, one lane
-        std::memcpy(&pair, xq + j * k + c, sizeof pair);
-        const __m512i xv = _mm512_set1_epi32(pair);
-        for (int v = 0; v < 4; ++v) acc[v][j] = dot_words(acc[v][j], q[v], xv);
-      }
-    }
-    // The group's scales and zeros for the next block (4 lines, a row of the [groups, n, 2]
-    // table away from this group's last): the weights stream in ahead, these would not.
-    const uint16_t* next = scales_zeros + (g * n + r0 + kInt4IntegerBlock) * 2;
-    if (r0 + kInt4IntegerBlock < n)
-      for (int64_t b = 0; b < kInt4IntegerBlock * 4; b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next) + b, _MM_HINT_T1);
-    for (int v = 0; v < 4; ++v) {
-      vf scale, zero;
-      vload_bf16_pairs(scales_zeros + (g * n + r0 + kRow[v]) * 2, scale, zero);
-      const vf offset = vsub(zero, vmul(vset1(8.f), scale));
-      for (int j = 0; j < MB; ++j) {
-        float* total = out + j * n_out + r0 + kRow[v];
-        vstore(total, vfmadd(_mm512_cvtepi32_ps(acc[v][j]), scale,
-                             vfmadd(offset, vset1(xqsum[j * groups + g]), vload(total))));
-      }
-    }
-  }
-  for (int j = 0; j < MB; ++j)
-    for (int v = 0; v < 4; ++v) {
-      float* total = out + j * n_out + r0 + kRow[v];
-      vstore(total, vmul(vload(total), vset1(xscale[j])));
-    }
-}
-#endif
-
 // x [m, k] -> float32 xf [m, k] and xsum [m, k / group].
 template <typename X>
 inline void widen_with_group_sums(const X* x, int64_t m, int64_t k, int64_t group, float* xf,
@@ -238,7 +161,7 @@ inline void gemv_int4(const c10::BFloat16* x, int64_t m, int64_t k, int64_t grou
                     [&](auto rows) { block_for(rows, m0, b * block); });
     });
   };
-#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#if defined(EDGEFIRE_INT4_INTEGERS)
   if (block == kInt4IntegerBlock && group % 2 == 0 && group <= 256 && k % 16 == 0) {
     // m * k words, then m scales: within m * k floats; each group's sum of x's integers
     auto* xq = reinterpret_cast<int16_t*>(scratch);

@@ -15,8 +15,9 @@
 // kInt8AmxFromRows rows (gemm_int8_amx.h: the same integer totals). x's rounding
 // adds at most s / 2 * sum_k |w[n, k]| * scale[n] to an output: at 16 bits, ~1e-5 of the
 // product's scale, where the weight's own rounding is up to 1 / 254 of each weight.
-// Elsewhere (AVX2, or k not a multiple of 64), x widened to float32 and FMA, as exact as
-// float32 summation.
+// On AVX2 (without AVX-512) the same integers 16 words a multiply-add (vpmaddwd), and the
+// same totals and outputs (tile_int8_q16 below). Elsewhere (no AVX2, or k not a multiple of
+// 64), x widened to float32 and FMA, as exact as float32 summation.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -95,6 +96,57 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
                              totals4(lanes(0, j), lanes(1, j), lanes(2, j), lanes(3, j))));
 }
 
+#elif defined(EDGEFIRE_X_INTEGERS)
+// AVX2: a lane takes 8 products a line (16 words a multiply-add), twice AVX-512's, so the x
+// range that keeps AVX-512's 16 lanes inside int32 (quantize_rows) keeps these inside it only
+// over kInt8Span columns; past that the lanes are added into int64 totals and start again.
+// The totals are the same integers as AVX-512's, so are the outputs.
+constexpr int64_t kInt8Span = 4096;  // 128 * 32767 * 4096 / 8 < 2^31
+
+inline int64_t lanes_total(__m256i v) {
+  const __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                                        _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
+  alignas(32) int64_t four[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(four), wide);
+  return four[0] + four[1] + four[2] + four[3];
+}
+
+// INT8 rows [n0, n0 + 4) against MB rows of x as 16-bit integers (xq) with their scales: a
+// weight row's line at a time (as tile_int8 below), 16 bytes sign-extended to words and
+// multiplied into each x row's words.
+template <int MB>
+inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* w,
+                          const uint16_t* scales, int64_t k, int64_t n0, float* out,
+                          int64_t n_out) {
+  int64_t total[kTileRows][MB] = {};
+  const char* ahead = reinterpret_cast<const char*>(w + n0 * k) + kInt8Ahead;
+  for (int64_t c0 = 0; c0 < k; c0 += kInt8Span) {
+    __m256i acc[kTileRows][MB];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm256_setzero_si256();
+    for (int64_t c = c0; c < std::min(k, c0 + kInt8Span); c += kInt8Line)
+      for (int i = 0; i < kTileRows; ++i) {
+        _mm_prefetch(ahead + c * kTileRows + i * kInt8Line, _MM_HINT_T1);
+        for (int64_t v = c; v < c + kInt8Line; v += 16) {
+          const __m256i words = _mm256_cvtepi8_epi16(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + i) * k + v)));
+          for (int j = 0; j < MB; ++j)
+            acc[i][j] = dot_words(acc[i][j], words, _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(xq + j * k + v)));
+        }
+      }
+    for (int i = 0; i < kTileRows; ++i)
+      for (int j = 0; j < MB; ++j) total[i][j] += lanes_total(acc[i][j]);
+  }
+  const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
+      _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
+  auto as_float = [&](int i, int j) { return static_cast<float>(total[i][j]); };
+  for (int j = 0; j < MB; ++j)  // as AVX-512's: (scale * x's scale) * the total
+    _mm_storeu_ps(out + j * n_out + n0,
+                  _mm_mul_ps(_mm_mul_ps(s, _mm_set1_ps(xscale[j])),
+                             _mm_setr_ps(as_float(0, j), as_float(1, j), as_float(2, j),
+                                         as_float(3, j))));
+}
 #endif
 
 #if defined(EDGEFIRE_SIMD)
@@ -158,7 +210,7 @@ inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, 
 // k % 16 == 0. scratch: room for m * k floats.
 inline void gemv_int8(const c10::BFloat16* x, int64_t m, int64_t k, const int8_t* w,
                       const uint16_t* scales, int64_t n, float* out, float* scratch) {
-#if defined(__AVX512BW__)
+#if defined(EDGEFIRE_X_INTEGERS)
   if (k % kInt8Line == 0) {
     // m * k words, then m scales: within m * k floats
     auto* xq = reinterpret_cast<int16_t*>(scratch);

@@ -106,9 +106,14 @@ class FusedLlamaDecode:
         # refused, INT4 486-797 vs 271-274; on Zen 4 the integer kernels multiply 1.4-2.8x as
         # fast as torch's at 64 rows (bench/results/kernels.json). Codecs' rows are left to
         # torch's GEMM over the decoded rows. Causal attention over the pages is
-        # paged_prefill.h's, which serves head_dim 64 and 128.
-        self.takes_prompts = (pairs and kinds <= {"bf16", "integer"}
-                              and self.max_rows == MAX_ROWS and c.head_dim in (64, 128))
+        # paged_prefill.h's, which serves head_dim 64 and 128. On AVX2 (no BF16 dot products)
+        # BF16 prompts stay with torch's float32 GEMM, but INT8 and INT4 ones take the step's
+        # integer kernels (vpmaddwd): Zen 3, 2 cores, the 385-token prompt, tok/s through the
+        # step against torch's path in BF16 (float32 is no faster there), INT8 668-680 vs
+        # 375-378, INT4 557-567 vs 326-342.
+        integer_only = kinds == {"integer"} and kernel.isa == "avx2"
+        self.takes_prompts = ((pairs and kinds <= {"bf16", "integer"}) or integer_only) \
+            and self.max_rows == MAX_ROWS and c.head_dim in (64, 128)
 
     @classmethod
     def build(cls, config: Any, weights: Any) -> FusedLlamaDecode | None:

@@ -55,6 +55,13 @@ class ModelRunner:
         # plugin model written before `row_block` existed still serves every other request.
         self.row_blocks = all("row_block" in inspect.signature(method).parameters
                               for method in (model.forward, model.compute_logits))
+        # Where the small dtype serves decodes only (AVX2: torch's bfloat16 GEMM is slow
+        # there), a model whose small-dtype step takes prompt chunks natively gets them too,
+        # beside up to decode_rows decodes (INT8/INT4 weights: models/fused/llama_decode.py).
+        fused_prompts = getattr(model, "fused_prompts", None)
+        self.small_prompts = bool(precision.small_decodes_only and decode_rows
+                                  and fused_prompts is not None
+                                  and fused_prompts(precision.small))
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that reached a new token and their logits (a
@@ -85,9 +92,12 @@ class ModelRunner:
         return 0 < sum(n for _, n in work) <= self.decode_rows
 
     def _dtype(self, work: list[tuple[Sequence, int]]) -> torch.dtype:
-        decodes_only = (self._all_decodes(work)
-                        or all(n == 1 or seq.num_draft for seq, n in work))
-        return self.precision.for_step(sum(n for _, n in work), decodes_only)
+        decodes = sum(n for seq, n in work if n == 1 or seq.num_draft)
+        total = sum(n for _, n in work)
+        decodes_only = self._all_decodes(work) or decodes == total
+        if self.small_prompts and not decodes_only and decodes <= self.decode_rows:
+            return self.precision.small
+        return self.precision.for_step(total, decodes_only)
 
     def _forward(self, work: list[tuple[Sequence, int]], dtype: torch.dtype,
                  row_block: int | None, all_decodes: bool = False,
