@@ -183,9 +183,11 @@ def machine_info() -> dict[str, object]:
 def write_results(name: str, result: dict, markdown: str | None = None) -> Path:
     """Write results/<name>.json (and .md); print the JSON as the last line of stdout.
 
-    $EDGEFIRE_BENCH_RESULTS names another folder, so smoke runs leave the committed ones be.
-    Every result records the machine's roofline beside it (bench/roofline.py), measured now
-    unless the bench measured it itself.
+    $EDGEFIRE_BENCH_RESULTS names another folder, so smoke runs leave the committed ones be;
+    $EDGEFIRE_BENCH_TAG is added to the name (results/<name>-<tag>.json), so a run on another
+    kind of machine (e.g. "avx2") sits beside the one the README's main tables read. Every
+    result records the machine's roofline beside it (bench/roofline.py), measured now unless
+    the bench measured it itself.
     """
     if "roofline" not in result:
         from bench.roofline import measure_roofline
@@ -193,6 +195,8 @@ def write_results(name: str, result: dict, markdown: str | None = None) -> Path:
         result = {**result, "roofline": measure_roofline()}
     folder = Path(os.environ.get("EDGEFIRE_BENCH_RESULTS") or RESULTS_DIR)
     folder.mkdir(parents=True, exist_ok=True)
+    if tag := os.environ.get("EDGEFIRE_BENCH_TAG"):
+        name = f"{name}-{tag}"
     path = folder / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if markdown is not None:

@@ -195,3 +195,17 @@ def test_quantized_single_streams_are_against_the_same_best_figure() -> None:
     assert ratios["single_decode_int4_no_drafts_vs_llama_cpp"] == 1.4
     assert targets["single_decode_int4_vs_llama_cpp"] == {
         "target": 1.5, "ratio": 1.6, "met": True, "llama_cpp_variant": "q8_0"}
+
+
+def test_a_tagged_run_writes_beside_the_untagged_one(tmp_path: Path, monkeypatch,
+                                                     capsys) -> None:
+    from bench._common import write_results
+
+    monkeypatch.setenv("EDGEFIRE_BENCH_RESULTS", str(tmp_path))
+    write_results("engine", {"roofline": {}, "run": 1}, "plain")
+    monkeypatch.setenv("EDGEFIRE_BENCH_TAG", "avx2")
+    assert write_results("engine", {"roofline": {}, "run": 2}, "tagged").name == "engine-avx2.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "engine-avx2.json", "engine-avx2.md", "engine.json", "engine.md"]
+    assert '"run": 1' in (tmp_path / "engine.json").read_text()
+    capsys.readouterr()

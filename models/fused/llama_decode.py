@@ -5,7 +5,7 @@ most max_rows of them (max_rows() says why), it computes in BF16 over a BF16
 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps torch's
 fixed blocks). With AVX512-BF16 (on AMX tiles where torch has them too), prompt chunks with
 causal attention take it too, beside at most max_rows decodes, where the weights are BF16, INT8
-or INT4 (`takes_prompts`). Anything else
+or INT4 (`takes_prompts`); on AVX2, where they are all INT8 or INT4. Anything else
 runs the torch path, as do models whose projections are in a form the step cannot read. It
 reads the tensors the model holds: BF16 tensors (with AVX512-BF16, over a copy packed as pairs:
 pack_pairs), and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in],
