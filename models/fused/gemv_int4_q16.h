@@ -99,7 +99,8 @@ inline void block_int4_q16(const int16_t* xq, const float* xscale, const float* 
 // 0-15) and the high ones (16-31), two columns' products a lane. 32 weights cost 8 operations
 // and 4 multiply-adds an x row, where widening to float32 costs 20 and 8 FMAs. The group sums
 // are the same integers as AVX-512's and are scaled into out by the same operations, so the
-// outputs are the same on both.
+// outputs are the same on both. Zen 3, 2 cores, SmolLM2's shapes streamed: one row reads
+// 25-31 GB/s where the float path read 19-22; 2-16 rows 1.1-1.2x as fast as it.
 constexpr int64_t kInt4IntegerBlock = 32;
 
 template <int MB>

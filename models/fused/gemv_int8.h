@@ -100,7 +100,9 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
 // AVX2: a lane takes 8 products a line (16 words a multiply-add), twice AVX-512's, so the x
 // range that keeps AVX-512's 16 lanes inside int32 (quantize_rows) keeps these inside it only
 // over kInt8Span columns; past that the lanes are added into int64 totals and start again.
-// The totals are the same integers as AVX-512's, so are the outputs.
+// The totals are the same integers as AVX-512's, so are the outputs. Zen 3, 2 cores, SmolLM2's
+// shapes streamed, against the float path: 1.0-1.6x as fast at 4-16 rows (qkv at 4 rows 39.0
+// against 55.0 us), the same at one row (24-31 GB/s, bound by the read).
 constexpr int64_t kInt8Span = 4096;  // 128 * 32767 * 4096 / 8 < 2^31
 
 inline int64_t lanes_total(__m256i v) {
