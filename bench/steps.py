@@ -59,8 +59,11 @@ def form_steps(model_id: str, rows: list[int], steps: int, fused_only: bool) -> 
 
 def prefill_rate(llm: LLM, fused, in_step: bool, repeats: int = 3) -> float:
     """Tokens a second of one PROMPT_TOKENS-token prompt's prefill (and its first token), best
-    of `repeats`, its prompt in the fused step or on torch's path."""
+    of `repeats`, its prompt in the fused step or on torch's path (in the dtype the engine
+    gives prompts it does not take: float32 on AVX2)."""
     fused.takes_prompts = in_step
+    # On AVX2 the fused step takes prompts only in bfloat16 (ModelRunner.small_prompts)
+    llm.engine.runner.small_prompts = in_step and llm.engine.runner.precision.small_decodes_only
     prompt = llm.tokenizer.encode("The history of Frankfurt am Main " * 60)[:PROMPT_TOKENS - 1]
     params = SamplingParams(max_tokens=1, temperature=0.0)
     best = float("inf")
