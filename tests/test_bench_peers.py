@@ -202,6 +202,7 @@ def test_a_tagged_run_writes_beside_the_untagged_one(tmp_path: Path, monkeypatch
     from bench._common import write_results
 
     monkeypatch.setenv("EDGEFIRE_BENCH_RESULTS", str(tmp_path))
+    monkeypatch.delenv("EDGEFIRE_BENCH_TAG", raising=False)
     write_results("engine", {"roofline": {}, "run": 1}, "plain")
     monkeypatch.setenv("EDGEFIRE_BENCH_TAG", "avx2")
     assert write_results("engine", {"roofline": {}, "run": 2}, "tagged").name == "engine-avx2.json"
