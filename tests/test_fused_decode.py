@@ -354,7 +354,8 @@ QUANT_FORMS = {
 def test_quantized_products_of_many_rows_match_rows_alone(kernel, form):
     # INT8 on AMX machines: x rows from five on go in tiles of 16 rows (gemm_int8_amx.h), the
     # last short, K in steps of 64 values, the weight in blocks of 16 rows. INT4: x rows in
-    # passes of up to four (gemv_int4.h), each group's sums scaled in at its end. K 8448: past
+    # passes of up to four (gemv_int4.h), each group's sums scaled in at its end; on AMX
+    # machines from 16 rows in tiles of 16 (gemm_int4_amx.h), the last short. K 8448: past
     # the AVX2 INT8 kernel's int32 span (its lanes go into int64 and start again) and where
     # x's integer range is cut (quantize_rows).
     if form.startswith("int4") and not HAS_INT4_KERNEL:
@@ -372,18 +373,26 @@ def test_quantized_products_of_many_rows_match_rows_alone(kernel, form):
             assert torch.equal(alone, together[start:start + rows])
 
 
-def test_int8_on_amx_tiles_gives_the_dot_products_bits(kernel, tmp_path):
+@pytest.mark.parametrize("form", ["int8", "int4-g32", "int4-g128"])
+def test_quantized_products_on_amx_tiles_give_the_dot_products_bits(kernel, form, tmp_path):
     # The same products with the tiles refused to the process (EDGEFIRE_AMX_TILES=0): each
-    # total is exact in integers either way, then rounded once.
+    # total is exact in integers either way (INT4: each group's), then scaled in by the same
+    # float operations. INT8 takes tiles from 5 rows (gemm_int8_amx.h), INT4 from 16
+    # (gemm_int4_amx.h): 40 rows are two full tiles of x rows and a short one.
     if not kernel.amx:
         pytest.skip("this CPU or this process has no AMX tiles")
-    script = """
+    if form.startswith("int4") and not HAS_INT4_KERNEL:
+        pytest.skip("this torch has no INT4 CPU kernel")
+    quantize = "Int8Linear.quantize(w)" if form == "int8" else \
+        f"Int4Linear.quantize(w, {form.split('-g')[1]}, use_kernel=True)"
+    script = f"""
 import sys, torch
 from edgefire.models.fused import fused_kernels, weight_form
-from edgefire.plugins.quant.linear import Int8Linear
+from edgefire.plugins.quant.linear import Int4Linear, Int8Linear
 g = torch.Generator().manual_seed(6)
-q = Int8Linear.quantize(torch.randn(96, 576, generator=g))
-x = (torch.randn(40, 576, generator=g) * torch.logspace(-3, 3, 40)[:, None]).bfloat16()
+w = torch.randn(192, 640, generator=g)
+q = {quantize}
+x = (torch.randn(40, 640, generator=g) * torch.logspace(-3, 3, 40)[:, None]).bfloat16()
 x[7] = 0
 torch.save(fused_kernels().linear(x, weight_form(q)), sys.argv[1])
 """

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "../simd.h"
+#include "gemm_int4_amx.h"
 #include "gemv.h"
 #include "gemv_int4_q16.h"
 #include "x_integers.h"
@@ -172,6 +173,10 @@ inline void gemv_int4(const c10::BFloat16* x, int64_t m, int64_t k, int64_t grou
       for (int64_t c = r * group; c < (r + 1) * group; ++c) total += xq[c];
       sums[r] = static_cast<float>(total);
     }
+#if defined(EDGEFIRE_INT4_AMX)
+    if (m >= kInt4AmxFromRows && group % kInt4AmxCols == 0 && amx_int8_usable())
+      return gemm_int4_amx(xq, xscale, sums, m, k, group, w, scales_zeros, n, out);
+#endif
     over_blocks([&](auto rows, int64_t m0, int64_t r0) {
       block_int4_q16<rows()>(xq + m0 * k, xscale + m0, sums + m0 * groups, w, scales_zeros, k,
                              group, n, r0, out + m0 * n, n);
