@@ -21,7 +21,14 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 # -march=native for AVX-512 where present; AMX explicitly off: some VMs advertise it but fault.
-_FLAGS = ["-O3", "-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16", "-fopenmp"]
+# EDGEFIRE_KERNEL_MARCH names another target (e.g. haswell: AVX2 and FMA, no AVX-512), so an
+# AVX-512 machine can build and test the kernels' AVX2 paths too.
+def _flags() -> list[str]:
+    march = os.environ.get("EDGEFIRE_KERNEL_MARCH", "native")
+    return ["-O3", f"-march={march}", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16",
+            "-fopenmp"]
+
+
 _DECLARED: dict[str, Path] = {}
 _unavailable: list[str] = []  # kernels that failed to build in this process
 
@@ -46,7 +53,7 @@ def load_native(name: str, source: Path) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name=build_name(name, source), sources=[str(source)], extra_cflags=_FLAGS,
+        return load(name=build_name(name, source), sources=[str(source)], extra_cflags=_flags(),
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # a missing compiler must not stop the node
         _fallback_notice(name, exc)
@@ -57,7 +64,7 @@ def build_name(name: str, source: Path) -> str:
     import torch
 
     digest = hashlib.sha256()
-    for part in (str(source.resolve()).encode(), *_texts(source), " ".join(_FLAGS).encode(),
+    for part in (str(source.resolve()).encode(), *_texts(source), " ".join(_flags()).encode(),
                  torch.__version__.encode()):
         digest.update(len(part).to_bytes(8, "big") + part)
     return f"{name}_{digest.hexdigest()[:12]}"
