@@ -129,24 +129,22 @@ __attribute__((target("amx-tile,amx-int8"))) inline void gemm_int4_amx(
             const int64_t at = r0 * k + c;
             _tile_loadd(4, hi + at, k);
             _tile_loadd(5, lo + at, k);
-            // Tile numbers are immediates: the two sets spelled out.
+            // GCC's tile intrinsics paste their tile numbers into the instruction's text, so
+            // the two sets (sums SUM_HI, SUM_LO; weight tile W) are one macro body.
+#define EDGEFIRE_INT4_MULTIPLY(SUM_HI, SUM_LO, W)     \
+  if (c == g * group) {                               \
+    _tile_zero(SUM_HI);                               \
+    _tile_zero(SUM_LO);                               \
+  }                                                   \
+  _tile_loadd(W, tiles + c * kInt4AmxRows, 64);       \
+  _tile_dpbsud(SUM_HI, 4, W);                         \
+  _tile_dpbuud(SUM_LO, 5, W);
             if (g % 2 == 0) {
-              if (c == g * group) {
-                _tile_zero(0);
-                _tile_zero(1);
-              }
-              _tile_loadd(6, tiles + c * kInt4AmxRows, 64);
-              _tile_dpbsud(0, 4, 6);
-              _tile_dpbuud(1, 5, 6);
+              EDGEFIRE_INT4_MULTIPLY(0, 1, 6)
             } else {
-              if (c == g * group) {
-                _tile_zero(2);
-                _tile_zero(3);
-              }
-              _tile_loadd(7, tiles + c * kInt4AmxRows, 64);
-              _tile_dpbsud(2, 4, 7);
-              _tile_dpbuud(3, 5, 7);
+              EDGEFIRE_INT4_MULTIPLY(2, 3, 7)
             }
+#undef EDGEFIRE_INT4_MULTIPLY
           }
         };
         auto keep = [&](int64_t g) {
