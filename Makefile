@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgefire-installed
 KERNEL_STAMP := $(VENV)/.edgefire-kernels
-KERNELS := $(wildcard models/*.h models/*/*.h models/*/*.cpp plugins/unweight/*.cpp)
+KERNELS := $(wildcard models/*.h models/*/*.h models/*/*.cpp plugins/unweight/*.cpp runtime/engine/*.cpp)
 # Debian's Chromium, for the dashboard's browser tests (Playwright drives it by executable_path;
 # no `playwright install`, nothing downloaded by the tests). `make run` does not need it.
 CHROMIUM := /usr/bin/chromium

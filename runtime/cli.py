@@ -66,6 +66,7 @@ def _plugins(args: argparse.Namespace) -> int:
 def _build_kernels(args: argparse.Namespace) -> int:
     import edgefire.models.attention.cpu_kernels  # noqa: F401  (declares its kernel)
     import edgefire.models.fused  # noqa: F401  (declares its kernel)
+    import edgefire.runtime.engine.sampler  # noqa: F401  (declares its kernel)
     from edgefire.models.native import declared_kernels, load_native
     from edgefire.runtime.plugins import load_plugins
 

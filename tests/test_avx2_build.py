@@ -16,7 +16,7 @@ import pytest
 from edgefire.contract.cpu import cpu_class
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_TESTS = ["tests/test_fused_decode.py", "tests/test_attention.py"]
+KERNEL_TESTS = ["tests/test_fused_decode.py", "tests/test_attention.py", "tests/test_sampler.py"]
 
 pytestmark = pytest.mark.slow
 

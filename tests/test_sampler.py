@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from edgefire.contract.errors import InvalidInputError
-from edgefire.runtime.engine.sampler import Sampler, apply_penalties, top_k_top_p_mask
+from edgefire.runtime.engine.sampler import (
+    Sampler,
+    apply_penalties,
+    greedy_kernel,
+    greedy_tokens,
+    top_k_top_p_mask,
+)
 from edgefire.runtime.engine.sampling_params import (
     MAX_SEED,
     MAX_STOP_CHARS,
@@ -180,6 +186,35 @@ def test_greedy_takes_the_first_of_tied_maxima() -> None:
     logits[1, [45000, 20000]] = 1.0
     seqs = [make_seq(SamplingParams(temperature=0)) for _ in range(2)]
     assert Sampler()(logits, seqs) == [3, 20000]
+
+
+def test_greedy_tokens_are_torch_max_indices_on_every_kind_of_row() -> None:
+    # The native kernel (greedy.cpp) where it built, torch's max otherwise: the same index for
+    # ties, masked (-inf) rows, signed zeros, NaN (the first NaN, as torch takes NaN for the
+    # largest), infinities, and vocabularies that leave a tail past the vector width.
+    vocab = 49152 + 13
+    logits = torch.randn(12, vocab, generator=torch.Generator().manual_seed(3))
+    logits[0] = float("-inf")
+    logits[1, 5:] = float("-inf")
+    logits[2] = 0.0
+    logits[2, 900] = -0.0
+    logits[3, [vocab - 1, 17, 70]] = float("nan")
+    logits[4, vocab - 2] = float("nan")
+    logits[5, [100, 30000]] = float("inf")
+    logits[6, vocab - 1] = 50.0
+    logits[7, [vocab - 3, vocab - 1]] = 50.0
+    logits[8, 1] = float("nan")
+    logits[8, 0] = float("inf")
+    logits[9, :16] = 8.0
+    expected = logits.max(dim=-1).indices.tolist()
+    assert expected[:10] == [0, 0, 0, 17, vocab - 2, 100, vocab - 1, vocab - 3, 1, 0]
+    assert greedy_tokens(logits) == expected
+    kernel = greedy_kernel()
+    if kernel is None:
+        pytest.skip("no native kernels in this process (EDGEFIRE_NATIVE_KERNELS=0 or no "
+                    "compiler): greedy_tokens is torch's max itself")
+    for rows in (logits, logits[:, :7].contiguous(), logits[:, :16].contiguous(), logits[5:6]):
+        assert kernel.row_argmax(rows).tolist() == rows.max(dim=-1).indices.tolist()
 
 
 def test_greedy_row_in_a_sampled_batch() -> None:
