@@ -40,6 +40,7 @@ from bench.gguf_variants import FORMATS, SHIPPED, ensure_variants
 from bench.peers import llama_bin, run_hf, run_llama
 from bench.roofline import measure_roofline
 from edgefire.contract.catalog import Catalog, ModelSpec
+from edgefire.models.llama import LlamaConfig
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.weights import resolve_source
 
@@ -196,6 +197,20 @@ def run_quantized(model_id: str, suffixes: list[str], config: EngineConfig,
     return out
 
 
+def decode_flop_per_token(llm: LLM) -> int | None:
+    """The multiply-adds of a dense Llama's matmuls for one decoded token, ×2 (every
+    projection and the LM head; attention's own products, which grow with the context, not
+    counted): what the C=64 decode rate is set against the GEMM roofline with. None for other
+    architectures (the MoE miniatures: their work per token depends on the routing)."""
+    c = getattr(llm.model, "config", None)
+    if not isinstance(c, LlamaConfig):
+        return None
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    # qkv, o, and gate, up and down
+    layer = c.hidden_size * (q + 2 * kv + q) + 3 * c.hidden_size * c.intermediate_size
+    return 2 * (c.num_layers * layer + c.vocab_size * c.hidden_size)
+
+
 def _encoder(llm: LLM) -> Callable[[str], list[int]]:
     return lambda text: llm.tokenizer.encode(text, add_special_tokens=False)
 
@@ -252,6 +267,7 @@ def main() -> None:
                 "per_concurrency": run_edgefire(llm, workloads, args.max_new_tokens, args.seed)}
     edgefire["peak_rss_mib"] = peak_rss_mib()
     edgefire["weight_precision"] = getattr(llm.model, "weight_precision", None)
+    edgefire["decode_flop_per_token"] = decode_flop_per_token(llm)
     kv = kv_bytes_per_token(llm, spec)
     log(f"KV bytes per token: {kv}")
     del llm

@@ -15,9 +15,12 @@ from bench._common import markdown_table, ratio
 # single_decode_no_drafts_vs_llama_cpp is the same stream with them off.
 # The quantized variants (INT8, INT4) are timed single stream in the same run against the same
 # llama.cpp figure: single_decode_<variant>_vs_llama_cpp, with drafts and without.
+# c64_decode_of_gemm_roofline is not a ratio against a peer: C=64's decode rate times the
+# model's matmul FLOPs per token, as a fraction of the BF16 GEMM throughput measured beside it.
 TARGETS = {"single_decode_vs_llama_cpp": 1.0, "single_decode_int8_vs_llama_cpp": 1.5,
            "single_decode_int4_vs_llama_cpp": 1.5, "batch_vs_llama_cpp": 2.0,
-           "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5}
+           "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5,
+           "c64_decode_of_gemm_roofline": 0.5}
 
 
 def _get(d: dict | None, *keys: str) -> float | None:
@@ -69,6 +72,7 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
     ratios |= {name: ratio(ours, theirs[0]) for name, (ours, theirs) in pairs.items()}
     ratios["batch_vs_hf"] = ratio(_get(ef, ref, "output_tok_s"),
                                   _get(hf, "per_concurrency", ref, "output_tok_s"))
+    ratios["c64_decode_of_gemm_roofline"] = _roofline_fraction(result)
     ratios["vs_llama_cpp"] = {name: {"edgefire": ours, "llama_cpp": theirs[0],
                                      "llama_cpp_variant": theirs[1]}
                               for name, (ours, theirs) in pairs.items()}
@@ -79,6 +83,15 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
                                                 "llama_cpp_variant")}
                for name, goal in TARGETS.items()}
     return ratios, targets
+
+
+def _roofline_fraction(result: dict) -> float | None:
+    flop = result["edgefire"].get("decode_flop_per_token")
+    rate = _get(result["edgefire"]["per_concurrency"], "64", "decode_tok_s")
+    peak = _get(result, "roofline", "gemm_tflop_s")
+    if not (flop and rate and peak):
+        return None
+    return round(rate * flop / (peak * 1e12), 3)
 
 
 def render_markdown(result: dict) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -10,11 +11,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 
+from bench.engine import decode_flop_per_token
 from bench.engine_report import TARGETS, compute_ratios
 from bench.gguf_variants import SHIPPED, bf16_max_error, ensure_variants
 from bench.peers import best_of
 from bench.serve import best_peer, versus
 from bench.serve_peer import RequestTrace, llama_bodies, summarise
+from edgefire.models.llama import LlamaConfig
 
 TOKENS = ["<unk>", "<s>", "</s>", "hello", "world"]
 
@@ -182,6 +185,31 @@ def test_bf16_reference_rounds_to_nearest_even() -> None:
     # The check's reference is torch's rounding; pin it, since the check relies on it.
     x = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8], dtype=torch.float32)
     assert x.to(torch.bfloat16).float().tolist() == [1.0, 1.0 + 2**-6]
+
+
+def test_c64_decode_is_set_against_the_gemm_roofline() -> None:
+    ef = {"64": {"decode_tok_s": 1000.0}}
+    result = {"edgefire": {"per_concurrency": ef, "decode_flop_per_token": 268_959_744},
+              "hf": {"available": False}, "llama_cpp": _llama(),
+              "roofline": {"gemm_tflop_s": 0.4}}
+    ratios, targets = compute_ratios(result, 32)
+    assert ratios["c64_decode_of_gemm_roofline"] == 0.672  # 1000 × 0.269 GFLOP / 0.4 TFLOP/s
+    assert targets["c64_decode_of_gemm_roofline"] == {
+        "target": 0.5, "ratio": 0.672, "met": True, "llama_cpp_variant": None}
+    # Without a C=64 run (or a dense model's FLOPs), the target stays without a figure.
+    del result["edgefire"]["per_concurrency"]["64"]
+    assert compute_ratios(result, 32)[1]["c64_decode_of_gemm_roofline"]["ratio"] is None
+
+
+def test_decode_flops_per_token_count_every_matmul_of_smollm2() -> None:
+    # SmolLM2-135M: 30 layers of hidden 576, 9 heads and 3 KV heads of 64, MLP 1536, and the
+    # tied 49,152-token LM head: 134,479,872 multiply-adds a token.
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                         rope_theta=1e5, rms_norm_eps=1e-5, max_position=8192)
+    assert decode_flop_per_token(SimpleNamespace(model=SimpleNamespace(config=config))) == (
+        2 * 134_479_872)
+    assert decode_flop_per_token(SimpleNamespace(model=SimpleNamespace())) is None
 
 
 def test_quantized_single_streams_are_against_the_same_best_figure() -> None:
