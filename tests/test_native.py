@@ -36,5 +36,5 @@ def test_build_kernels_prebuilds_every_declared_kernel():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     for name in ("edgefire_paged_decode", "edgefire_fused_decode", "edgefire_unweight_decode",
-                 "edgefire_unweight_resident", "edgefire_greedy"):
+                 "edgefire_unweight_resident", "edgefire_sampling"):
         assert f"native kernel {name} ... ready" in done.stdout

@@ -12,8 +12,10 @@ from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.sampler import (
     Sampler,
     apply_penalties,
-    greedy_kernel,
     greedy_tokens,
+    sample,
+    sample_rows,
+    sampling_kernel,
     top_k_top_p_mask,
 )
 from edgefire.runtime.engine.sampling_params import (
@@ -189,7 +191,7 @@ def test_greedy_takes_the_first_of_tied_maxima() -> None:
 
 
 def test_greedy_tokens_are_torch_max_indices_on_every_kind_of_row() -> None:
-    # The native kernel (greedy.cpp) where it built, torch's max otherwise: the same index for
+    # The native kernel (sampling.cpp) where it built, torch's max otherwise: the same index for
     # ties, masked (-inf) rows, signed zeros, NaN (the first NaN, as torch takes NaN for the
     # largest), infinities, and vocabularies that leave a tail past the vector width.
     vocab = 49152 + 13
@@ -209,12 +211,79 @@ def test_greedy_tokens_are_torch_max_indices_on_every_kind_of_row() -> None:
     expected = logits.max(dim=-1).indices.tolist()
     assert expected[:10] == [0, 0, 0, 17, vocab - 2, 100, vocab - 1, vocab - 3, 1, 0]
     assert greedy_tokens(logits) == expected
-    kernel = greedy_kernel()
-    if kernel is None:
-        pytest.skip("no native kernels in this process (EDGEFIRE_NATIVE_KERNELS=0 or no "
-                    "compiler): greedy_tokens is torch's max itself")
+    kernel = _kernel()
     for rows in (logits, logits[:, :7].contiguous(), logits[:, :16].contiguous(), logits[5:6]):
         assert kernel.row_argmax(rows).tolist() == rows.max(dim=-1).indices.tolist()
+
+
+def _kernel():
+    kernel = sampling_kernel()
+    if kernel is None:
+        pytest.skip("no native kernels in this process (EDGEFIRE_NATIVE_KERNELS=0 or no "
+                    "compiler): the sampler runs its torch path, which the other tests cover")
+    return kernel
+
+
+def _torch_probs(row: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch path's probabilities for a row, and the float64 cumulative sum it inverts."""
+    probs = top_k_top_p_mask(row / params.temperature, params.top_k, params.top_p).softmax(-1)
+    return probs, probs.cumsum(-1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"temperature": 0.7}, {"temperature": 1.3, "top_p": 0.9}, {"temperature": 0.7, "top_k": 50},
+    {"temperature": 1.0, "top_k": 300, "top_p": 0.5}, {"temperature": 0.2, "top_p": 0.999},
+    {"temperature": 4.0, "top_p": 0.95}, {"temperature": 1.0, "top_k": 7, "top_p": 0.3}])
+def test_native_draws_are_the_torch_paths_draws(kwargs: dict) -> None:
+    # The same token for the same uniform number, on a real vocabulary's width, a grammar's
+    # -inf mask, and tied logits at the top-k boundary; u within float rounding of a boundary
+    # between two tokens' cumulative sums may fall either side, and is not asked.
+    kernel = _kernel()
+    params = SamplingParams(**kwargs)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 49152 + 5, generator=gen) * 3
+    logits[1, ::3] = float("-inf")
+    logits[2, :40] = 9.0
+    for row in range(3):
+        probs, cdf = _torch_probs(logits[row], params)
+        draws = [u for u in torch.rand(300, generator=gen, dtype=torch.float64).tolist()
+                 if (cdf - u * float(cdf[-1])).abs().min() >= 1e-6 * float(cdf[-1])]
+        assert len(draws) > 250
+        tokens = kernel.sample_rows(logits, [row] * len(draws), [params.temperature] * len(draws),
+                                    [params.top_k] * len(draws), [params.top_p] * len(draws),
+                                    draws)
+        assert tokens == [sample(probs, u) for u in draws], row
+
+
+def test_native_draws_never_take_a_masked_token_and_check_their_inputs() -> None:
+    kernel = _kernel()
+    logits = torch.full((2, 1000), float("-inf"))
+    logits[0, [3, 999]] = 0.0
+    logits[1, 10] = float("nan")
+    logits[1, 500] = -200.0
+    for u in (0.0, 0.25, 0.5, 0.999999):
+        assert kernel.sample_rows(logits, [0], [5.0], [0], [1.0], [u])[0] == (3 if u < 0.5
+                                                                               else 999)
+        assert kernel.sample_rows(logits, [1], [0.5], [0], [1.0], [u])[0] == 500
+    every = torch.full((1, 64), float("-inf"))  # nothing can be drawn: the greedy token
+    assert kernel.sample_rows(every, [0], [1.0], [0], [1.0], [0.3]) == [0]
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernel.sample_rows(logits, [2], [1.0], [0], [1.0], [0.3])
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernel.sample_rows(logits, [0], [1.0], [0], [1.0], [1.0])
+
+
+def test_sampled_rows_in_one_call_draw_each_from_its_own_generator() -> None:
+    # Rows drawn together take the same tokens as rows drawn one at a time, each with the next
+    # number of its own sequence's generator.
+    logits = random_logits(11, rows=5)
+    kinds = [{"temperature": 0.7}, {"temperature": 1.2, "top_p": 0.8},
+             {"temperature": 0.9, "top_k": 5}, {"temperature": 2.0}, {"temperature": 0.5}]
+    together = [make_seq(SamplingParams(seed=i, **k)) for i, k in enumerate(kinds)]
+    alone = [make_seq(SamplingParams(seed=i, **k)) for i, k in enumerate(kinds)]
+    for _ in range(5):
+        joint = sample_rows(logits, list(range(5)), together)
+        assert joint == [sample_rows(logits, [r], [alone[r]])[0] for r in range(5)]
 
 
 def test_greedy_row_in_a_sampled_batch() -> None:

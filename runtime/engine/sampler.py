@@ -14,14 +14,21 @@ import torch
 from edgefire.models.native import native_kernel
 from edgefire.runtime.engine.sequence import Sequence
 
-# The compiled module (greedy.cpp), or None: torch's max then picks the same tokens.
-greedy_kernel = native_kernel("edgefire_greedy", Path(__file__).with_name("greedy.cpp"))
+# The compiled module (sampling.cpp), or None: the torch path below then makes the same
+# choices.
+sampling_kernel = native_kernel("edgefire_sampling", Path(__file__).with_name("sampling.cpp"))
+
+
+def _native(logits: torch.Tensor):
+    kernel = sampling_kernel()
+    usable = kernel is not None and logits.dtype == torch.float32 and logits.is_contiguous()
+    return kernel if usable else None
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """Each row's first largest logit's index, as torch.max(dim=-1).indices gives it."""
-    kernel = greedy_kernel()
-    if kernel is None or logits.dtype != torch.float32 or not logits.is_contiguous():
+    kernel = _native(logits)
+    if kernel is None:
         # max(-1).indices, not argmax: the same first-of-ties index, but torch's argmax over
         # the last dim is a scalar loop on CPU (64 rows of 49,152 logits: 2.1 ms against 0.8).
         return logits.max(dim=-1).indices.tolist()
@@ -69,14 +76,36 @@ def top_k_top_p_mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Te
     return logits
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One draw from probs (1-D) by inverting their cumulative sum at one uniform number from
-    the request's generator. (Drawing an exponential per token for a race costs ~1 ms at 49k
-    tokens on this CPU: a tenth of a decode step per sampled sequence.)"""
+def uniform(generator: torch.Generator) -> float:
+    """A token's one draw from its request's generator: a uniform number in [0, 1)."""
+    return float(torch.rand(1, generator=generator, dtype=torch.float64))
+
+
+def sample(probs: torch.Tensor, u: float) -> int:
+    """The token where probs' (1-D) cumulative sum passes u times their total. (Drawing an
+    exponential per token for a race costs ~1 ms at 49k tokens on this CPU: a tenth of a
+    decode step per sampled sequence.)"""
     cdf = probs.cumsum(-1, dtype=torch.float64)
-    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
     # The first token whose cumulative sum exceeds u: a token of probability 0 never is.
-    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=len(probs) - 1))
+    return int(torch.searchsorted(cdf, target, right=True).clamp_(max=len(probs) - 1))
+
+
+def sample_rows(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
+    """One token for each of `rows` of logits, drawn for seqs (one each, in order) with the
+    next uniform number of the sequence's generator."""
+    draws = [uniform(seq.generator) for seq in seqs]
+    kernel = _native(logits)
+    if kernel is not None:
+        return kernel.sample_rows(logits, rows, [s.params.temperature for s in seqs],
+                                  [s.params.top_k for s in seqs], [s.params.top_p for s in seqs],
+                                  draws)
+    tokens = []
+    for row, seq, u in zip(rows, seqs, draws, strict=True):
+        p = seq.params
+        masked = top_k_top_p_mask(logits[row] / p.temperature, p.top_k, p.top_p)
+        tokens.append(sample(masked.softmax(-1), u))
+    return tokens
 
 
 class Sampler:
@@ -91,12 +120,15 @@ class Sampler:
             if seq.constraint is not None:
                 logits[row].masked_fill_(~seq.constraint.allowed(), float("-inf"))
         tokens = greedy_tokens(logits)
+        # Sampled rows without drafts: one draw each, all in one call.
+        plain = [row for row, seq in enumerate(seqs)
+                 if not seq.params.greedy and not seq.num_draft]
+        for row, token in zip(plain, sample_rows(logits, plain, [seqs[r] for r in plain]),
+                              strict=True):
+            tokens[row] = token
         verified: dict[Sequence, int] = {}  # a drafted sequence's rows sampled so far, or -1
         for row, seq in enumerate(seqs):
-            if seq.params.greedy:
-                continue
-            if not seq.num_draft:
-                tokens[row] = self._sample_row(logits[row], seq)
+            if seq.params.greedy or not seq.num_draft:
                 continue
             # Rows verifying drafts are sampled in order, each with the request's next draw,
             # until one differs from its draft: the tokens that stand are then those one-token
@@ -107,13 +139,7 @@ class Sampler:
             j = verified.get(seq, 0)
             if j < 0:
                 continue
-            tokens[row] = self._sample_row(logits[row], seq)
+            tokens[row] = sample_rows(logits, [row], [seq])[0]
             drafts = seq.token_ids[len(seq.token_ids) - seq.num_draft:]
             verified[seq] = j + 1 if j < len(drafts) and tokens[row] == drafts[j] else -1
         return tokens
-
-    @staticmethod
-    def _sample_row(logits: torch.Tensor, seq: Sequence) -> int:
-        p = seq.params
-        logits = top_k_top_p_mask(logits / p.temperature, p.top_k, p.top_p)
-        return sample(logits.softmax(-1), seq.generator)
