@@ -8,6 +8,7 @@ the same tokens whatever else shares its batch, and with speculative drafts or w
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -19,7 +20,7 @@ from edgefire.runtime.engine.sequence import Sequence
 sampling_kernel = native_kernel("edgefire_sampling", Path(__file__).with_name("sampling.cpp"))
 
 
-def _native(logits: torch.Tensor):
+def _native(logits: torch.Tensor) -> ModuleType | None:
     kernel = sampling_kernel()
     usable = kernel is not None and logits.dtype == torch.float32 and logits.is_contiguous()
     return kernel if usable else None
@@ -94,6 +95,8 @@ def sample(probs: torch.Tensor, u: float) -> int:
 def sample_rows(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
     """One token for each of `rows` of logits, drawn for seqs (one each, in order) with the
     next uniform number of the sequence's generator."""
+    if not rows:
+        return []
     draws = [uniform(seq.generator) for seq in seqs]
     kernel = _native(logits)
     if kernel is not None:

@@ -2,10 +2,11 @@
 // row's draw under temperature, top-k and top-p.
 //
 // Why: torch did it in a dozen operators a row, each a pass over the vocabulary (49,152
-// logits for SmolLM2) and a tensor. On the 2-core Xeon, greedy tokens for a 64-row step took
-// 1.63 ms of a 44.8 ms step (torch's max: ~15 GB/s over logits fresh from the LM head), and a
-// sampled row 0.35 ms at temperature 0.7, 1.0 with top-k 50 and 2.0 with top-p 0.9: at 16
-// sampled clients most of a step's time again. Here a row is a few vector passes (division by
+// logits for SmolLM2) and a tensor. On a 2-core Xeon, greedy tokens for a 64-row step took
+// 1.63 ms of a 44.8 ms step (torch's max: ~15 GB/s over logits fresh from the LM head), and 16
+// sampled rows (random logits) 1.9 ms at temperature 0.7, 4.6-5.6 with top-k 50 and 9.8 with
+// top-p 0.9, beside a 16-row step's ~20 ms; here 0.48 ms, and 0.8, 1.1 and 1.6 ms (the
+// Sampler called alone, each path twice in turn). Here a row is a few vector passes (division by
 // the temperature and its max, then the exponentials), for top-k a scan that keeps the k
 // largest in a heap, for top-p the tokens binned by value so that only one bin is sorted, and
 // the rows are split between the threads.
