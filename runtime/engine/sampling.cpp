@@ -5,7 +5,7 @@
 // logits for SmolLM2) and a tensor. On a 2-core Xeon, greedy tokens for a 64-row step took
 // 1.63 ms of a 44.8 ms step (torch's max: ~15 GB/s over logits fresh from the LM head), and 16
 // sampled rows (random logits) 1.9 ms at temperature 0.7, 4.6-5.6 with top-k 50 and 9.8 with
-// top-p 0.9, beside a 16-row step's ~20 ms; here 0.48 ms, and 0.8, 1.1 and 1.6 ms (the
+// top-p 0.9, beside a 16-row step's ~20 ms; here 0.48 ms, and 0.4, 1.0 and 1.3 ms (the
 // Sampler called alone, each path twice in turn). Here a row is a few vector passes (division by
 // the temperature and its max, then the exponentials), for top-k a scan that keeps the k
 // largest in a heap, for top-p the tokens binned by value so that only one bin is sorted, and
@@ -106,17 +106,47 @@ float scaled_exponentials(const float* logits, int64_t n, float temperature, flo
   bool nan = false;
   const float top = row_max(x, n, nan);
   if (top == kNegInf) return top;
-  int64_t i = 0;
-#if defined(EDGEFIRE_SIMD)
-  using namespace edgefire::simd;
-  const vf shift = vset1(top);
-  for (; i + kWidth <= n; i += kWidth) vstore(e + i, vexp_shifted(vload(x + i), shift));
-#endif
-  for (; i < n; ++i) e[i] = std::exp(x[i] - top);
   // vexp_shifted floors its result at 2^-126 far below the max: a masked logit must get 0.
-  for (i = 0; i < n; ++i)
-    if (!(x[i] - top >= -87.f)) e[i] = 0.f;
+  constexpr float kFloor = -87.f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 shift = _mm512_set1_ps(top), floor = _mm512_set1_ps(kFloor);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 live = _mm512_cmp_ps_mask(_mm512_sub_ps(v, shift), floor, _CMP_GE_OQ);
+    _mm512_storeu_ps(e + i, _mm512_maskz_mov_ps(live, edgefire::simd::vexp_shifted(v, shift)));
+  }
+#elif defined(EDGEFIRE_SIMD)  // AVX2 with FMA: simd.h's vexp_shifted
+  const __m256 shift = _mm256_set1_ps(top), floor = _mm256_set1_ps(kFloor);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 live = _mm256_cmp_ps(_mm256_sub_ps(v, shift), floor, _CMP_GE_OQ);
+    _mm256_storeu_ps(e + i, _mm256_and_ps(live, edgefire::simd::vexp_shifted(v, shift)));
+  }
+#endif
+  for (; i < n; ++i) e[i] = x[i] - top >= kFloor ? std::exp(x[i] - top) : 0.f;
   return top;
+}
+
+// The sum of 16 values of e, in double.
+inline double block_sum(const float* e) {
+#if defined(__AVX512F__)
+  const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(e));
+  const __m512d b = _mm512_cvtps_pd(_mm256_loadu_ps(e + 8));
+  return _mm512_reduce_add_pd(_mm512_add_pd(a, b));
+#elif defined(__AVX2__)
+  const __m256d a =
+      _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(e)), _mm256_cvtps_pd(_mm_loadu_ps(e + 4)));
+  const __m256d b =
+      _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(e + 8)), _mm256_cvtps_pd(_mm_loadu_ps(e + 12)));
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(a, b));
+  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#else
+  double sum = 0;
+  for (int j = 0; j < 16; ++j) sum += e[j];
+  return sum;
+#endif
 }
 
 // The k-th largest of x (k < n; -inf and NaN are never among them unless nothing else is).
@@ -138,24 +168,45 @@ float kth_largest(const float* x, int64_t n, int64_t k) {
   return static_cast<int64_t>(heap.size()) < k ? kNegInf : heap.front();
 }
 
-// The token where the cumulative sum of e over `kept` (ascending indices; all of the row
-// where none are named) passes u times their total: the draw.
-int64_t invert(const float* e, int64_t n, const std::vector<int64_t>* kept, double u) {
-  const int64_t count = kept ? static_cast<int64_t>(kept->size()) : n;
-  auto at = [&](int64_t j) { return kept ? (*kept)[j] : j; };
+// The token of `kept` (ascending indices) where the cumulative sum of e passes u times their
+// total: the draw.
+int64_t invert(const float* e, const std::vector<int64_t>& kept, double u) {
   double total = 0;
-  for (int64_t j = 0; j < count; ++j) total += e[at(j)];
+  for (const int64_t i : kept) total += e[i];
   const double target = u * total;
   double sum = 0;
-  int64_t last = -1;
-  for (int64_t j = 0; j < count; ++j) {
-    const int64_t i = at(j);
+  int64_t last = kept.front();
+  for (const int64_t i : kept) {
     if (e[i] == 0.f) continue;
     sum += e[i];
     last = i;
     if (sum > target) return i;
   }
   return last;  // u * total rounded past the sum
+}
+
+// The same over the whole row, 16 values at a time up to the block where the sum passes: a
+// scalar chain of double additions over 49,152 values was most of a sampled row's time.
+int64_t invert_all(const float* e, int64_t n, double u) {
+  constexpr int64_t kBlock = 16;
+  double total = 0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) total += block_sum(e + i);
+  for (; i < n; ++i) total += e[i];
+  const double target = u * total;
+  double sum = 0;
+  for (i = 0; i + kBlock <= n; i += kBlock) {
+    const double block = block_sum(e + i);
+    if (sum + block > target) break;
+    sum += block;
+  }
+  for (; i < n; ++i) {
+    if (e[i] == 0.f) continue;
+    sum += e[i];
+    if (sum > target) return i;
+  }
+  for (i = n - 1; i > 0 && e[i] == 0.f; --i) {}
+  return i;  // u * total rounded past the sum: the last token that can be drawn
 }
 
 // Of the tokens with x >= floor (the top-k's) and e > 0, the nucleus: the fewest largest
@@ -206,14 +257,13 @@ int64_t sample_row(const float* logits, int64_t n, float temperature, int64_t to
   // top-k keeps every logit equal to the k-th largest too
   const float floor = top_k > 0 && top_k < n ? kth_largest(x, n, top_k) : kNegInf;
   if (top_p < 1.0) {
-    const std::vector<int64_t> kept = nucleus(x, e, n, floor, top, top_p, bin);
-    return invert(e, n, &kept, u);
+    return invert(e, nucleus(x, e, n, floor, top, top_p, bin), u);
   }
-  if (floor == kNegInf) return invert(e, n, nullptr, u);
+  if (floor == kNegInf) return invert_all(e, n, u);
   std::vector<int64_t> kept;
   for (int64_t i = 0; i < n; ++i)
     if (x[i] >= floor && e[i] > 0.f) kept.push_back(i);
-  return invert(e, n, &kept, u);
+  return invert(e, kept, u);
 }
 
 // logits [rows, vocab] float32 -> [rows] int64.
