@@ -268,6 +268,7 @@ def main() -> None:
     edgefire["peak_rss_mib"] = peak_rss_mib()
     edgefire["weight_precision"] = getattr(llm.model, "weight_precision", None)
     edgefire["decode_flop_per_token"] = decode_flop_per_token(llm)
+    edgefire["weight_bytes"] = llm.model.weight_bytes
     kv = kv_bytes_per_token(llm, spec)
     log(f"KV bytes per token: {kv}")
     del llm

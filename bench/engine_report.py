@@ -17,6 +17,8 @@ from bench._common import markdown_table, ratio
 # llama.cpp figure: single_decode_<variant>_vs_llama_cpp, with drafts and without.
 # c64_decode_of_gemm_roofline is not a ratio against a peer: C=64's decode rate times the
 # model's matmul FLOPs per token, as a fraction of the BF16 GEMM throughput measured beside it.
+# Beside it (no target), c64_memory_floor_of_gemm_roofline: the most that fraction could be if
+# C=64's decode steps only had to read memory (_memory_floor_fraction).
 TARGETS = {"single_decode_vs_llama_cpp": 1.0, "single_decode_int8_vs_llama_cpp": 1.5,
            "single_decode_int4_vs_llama_cpp": 1.5, "batch_vs_llama_cpp": 2.0,
            "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5,
@@ -73,6 +75,7 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
     ratios["batch_vs_hf"] = ratio(_get(ef, ref, "output_tok_s"),
                                   _get(hf, "per_concurrency", ref, "output_tok_s"))
     ratios["c64_decode_of_gemm_roofline"] = _roofline_fraction(result)
+    ratios["c64_memory_floor_of_gemm_roofline"] = _memory_floor_fraction(result)
     ratios["vs_llama_cpp"] = {name: {"edgefire": ours, "llama_cpp": theirs[0],
                                      "llama_cpp_variant": theirs[1]}
                               for name, (ours, theirs) in pairs.items()}
@@ -91,6 +94,26 @@ def _roofline_fraction(result: dict) -> float | None:
     peak = _get(result, "roofline", "gemm_tflop_s")
     if not (flop and rate and peak):
         return None
+    return round(rate * flop / (peak * 1e12), 3)
+
+
+def _memory_floor_fraction(result: dict) -> float | None:
+    """C=64's decode rate if each step took only the time to read the weights once and each
+    sequence's K/V once at the read rate measured beside it (activations, logits and any
+    second read not counted), times the FLOPs per token, as a fraction of the GEMM roofline:
+    an upper bound on c64_decode_of_gemm_roofline on this machine, as long as the model's
+    weights and K/V are read in the dtype they are kept in."""
+    ef = result["edgefire"]
+    c64 = _get(ef, "per_concurrency", "64")
+    flop, weights = ef.get("decode_flop_per_token"), ef.get("weight_bytes")
+    kv = _get(result, "kv_bytes_per_token", "measured")
+    read, peak = _get(result, "roofline", "read_gb_s"), _get(result, "roofline", "gemm_tflop_s")
+    if not (c64 and flop and weights and kv and read and peak):
+        return None
+    sequences, new = c64["requests"], result["workload"]["max_new_tokens"]
+    # A step's mean context: each prompt and, on average, half of what the sequence adds.
+    context = c64["prompt_tokens"] + sequences * (new + 1) / 2
+    rate = sequences * read * 1e9 / (weights + kv * context)
     return round(rate * flop / (peak * 1e12), 3)
 
 
@@ -145,8 +168,18 @@ def render_markdown(result: dict) -> str:
                "chunked-local layers" if "real_model_local_bfloat16_per_sequence" in kv else "")
             + f". Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
             f"{roof.get('gemm_tflop_s')} {roof.get('gemm_dtype')} GEMM TFLOP/s."
+            + _floor_sentence(result["ratios"])
             + f"\n\n{table}\n{targets}" + (f"\n{variants}" if ll.get("variants") else "")
             + (f"\n{quantized}" if result["edgefire"].get("quantized") else ""))
+
+
+def _floor_sentence(ratios: dict) -> str:
+    floor = ratios.get("c64_memory_floor_of_gemm_roofline")
+    if floor is None:
+        return ""
+    return (f" C=64 decode: {ratios['c64_decode_of_gemm_roofline']} of the GEMM roofline; "
+            f"reading only the weights and each sequence's K/V at the measured read rate, a "
+            f"step could reach at most {floor} of it.")
 
 
 def _named(best: tuple[float | None, str | None]) -> str | None:

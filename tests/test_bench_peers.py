@@ -201,6 +201,24 @@ def test_c64_decode_is_set_against_the_gemm_roofline() -> None:
     assert compute_ratios(result, 32)[1]["c64_decode_of_gemm_roofline"]["ratio"] is None
 
 
+def test_c64_memory_floor_reads_the_weights_and_each_sequences_kv_once() -> None:
+    # 64 sequences, prompts of 300 tokens, 127 new: a step's mean context is 364 tokens each.
+    ef = {"64": {"decode_tok_s": 1000.0, "requests": 64, "prompt_tokens": 64 * 300}}
+    result = {"edgefire": {"per_concurrency": ef, "decode_flop_per_token": 268_959_744,
+                           "weight_bytes": 269_030_016},
+              "hf": {"available": False}, "llama_cpp": _llama(),
+              "kv_bytes_per_token": {"measured": 23_040.0},
+              "workload": {"max_new_tokens": 127},
+              "roofline": {"gemm_tflop_s": 2.0, "read_gb_s": 30.0}}
+    ratios, targets = compute_ratios(result, 32)
+    step_bytes = 269_030_016 + 23_040 * 64 * 364  # 805.7 MB: 2,383 tok/s at 30 GB/s
+    floor = 64 * 30e9 / step_bytes * 268_959_744 / 2e12
+    assert ratios["c64_memory_floor_of_gemm_roofline"] == round(floor, 3) == 0.32
+    assert "c64_memory_floor_of_gemm_roofline" not in targets  # a bound, not a target
+    del result["roofline"]["read_gb_s"]
+    assert compute_ratios(result, 32)[0]["c64_memory_floor_of_gemm_roofline"] is None
+
+
 def test_decode_flops_per_token_count_every_matmul_of_smollm2() -> None:
     # SmolLM2-135M: 30 layers of hidden 576, 9 heads and 3 KV heads of 64, MLP 1536, and the
     # tied 49,152-token LM head: 134,479,872 multiply-adds a token.
