@@ -4,7 +4,8 @@ SmolLM2-135M through the engine at the node's default dtype, C requests with dif
 (128 tokens each) and 64 new tokens each, seeded sampling at temperature 0.8, run to
 max_tokens (ignore_eos). "off" runs them as the node does by default; "on" asks the mode per
 request (SamplingParams.deterministic, what EDGEFIRE_DETERMINISTIC=1 sets for every request):
-each prefill chunk in its own pass, decodes in fixed 8-row GEMM blocks. Output tok/s is every
+each prefill chunk in its own pass, decodes in passes of their own (through the fused step
+where the model has it, else in fixed 8-row GEMM blocks). Output tok/s is every
 generated token over the whole run's wall time; decode tok/s counts the steps after the first
 token of every request; each mode's best of two alternating runs is kept. The machine's memory
 bandwidth and GEMM peaks are measured and recorded alongside, since the cost depends on them,

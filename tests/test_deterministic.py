@@ -24,6 +24,9 @@ from edgefire.models.row_buckets import blocked_linear
 from edgefire.runtime import LLM, EngineConfig, SamplingParams
 from edgefire.runtime.engine import deterministic
 from edgefire.runtime.engine.deterministic import Policy
+from edgefire.runtime.engine.model_runner import ModelRunner
+from edgefire.runtime.engine.precision import Precision
+from edgefire.runtime.engine.scheduler import ScheduledBatch
 from edgefire.runtime.engine.sequence import Sequence
 from edgefire.runtime.node.node import EdgeNode
 from edgefire.runtime.node.settings import NodeSettings
@@ -68,6 +71,41 @@ def test_prefill_steps_on_a_fixed_grid_then_one_token_at_a_time():
     assert deterministic.num_new_tokens(_seq(600, outputs=5), 600, chunk) == 1
     assert deterministic.reusable_hits(37, chunk, 16) == 32
     assert deterministic.publishable_blocks(_seq(600, outputs=40), chunk, 16) == 32
+
+
+class _Model:
+    def forward(self, input_ids, positions, meta, kv_cache, dtype=None, row_block=None): ...
+
+    def compute_logits(self, hidden, row_block=None): ...
+
+
+@pytest.mark.parametrize("decode_rows", [0, 2])
+def test_deterministic_decodes_run_apart_through_the_models_invariant_step(decode_rows):
+    # decode_rows: what the model's own step computes each alike whatever shares it (the fused
+    # step). Deterministic decodes take it in passes of up to that many rows, without row
+    # blocks; a model without it gets one pass in fixed row blocks. Prompt chunks run alone.
+    runner = ModelRunner(_Model(), torch.zeros(1), 16, Precision.parse("bfloat16"), decode_rows)
+    passes = []
+
+    def forward(items, dtype, row_block, all_decodes=False):
+        passes.append(([n for _, n in items], dtype, row_block))
+        return [seq for seq, _ in items], torch.zeros(len(items), 3)
+
+    runner._forward = forward
+    batch = ScheduledBatch()
+    for kind in "dodpodo":  # deterministic decodes, other decodes, a deterministic prompt
+        seq = _seq(300) if kind == "p" else _seq(8, computed=8, outputs=1)
+        seq.deterministic = kind != "o"
+        batch.add(seq, 256 if kind == "p" else 1)
+    seqs, logits = runner.execute(batch)
+    assert len(seqs) == logits.shape[0] == 7
+    decodes = [p for p in passes if p[0] and set(p[0]) == {1}][1:]  # after the shared pass
+    assert passes[0] == ([1, 1, 1], torch.bfloat16, None)  # the others, as usual
+    assert ([256], torch.bfloat16, None) in passes
+    if decode_rows:
+        assert decodes == [([1, 1], torch.bfloat16, None), ([1], torch.bfloat16, None)]
+    else:
+        assert decodes == [([1, 1, 1], torch.bfloat16, deterministic.ROW_BLOCK)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -119,9 +157,10 @@ def prompts(llm: LLM) -> dict[str, list[int]]:
 
 
 def _run(llm: LLM, target: list[int], params: SamplingParams, others: list[list[int]],
-         when: str, salt: bytes, warm: list[int] | None = None
+         when: str, salt: bytes, warm: list[int] | None = None, others_deterministic: bool = False
          ) -> tuple[list[int], torch.Tensor]:
-    """The target's tokens and its per-step logits; `others` start before/with/after it."""
+    """The target's tokens and its per-step logits; `others` start before/with/after it
+    (deterministic too with others_deterministic: then the target's decodes share passes)."""
     engine = llm.engine
     logits: list[torch.Tensor] = []
     sample = engine.sampler
@@ -133,7 +172,8 @@ def _run(llm: LLM, target: list[int], params: SamplingParams, others: list[list[
     def add_others() -> None:
         for i, ids in enumerate(others):
             engine.add_request(f"other{i}", ids, SamplingParams(
-                max_tokens=NEW_TOKENS, temperature=0.7, seed=i, ignore_eos=True), salt)
+                max_tokens=NEW_TOKENS, temperature=0.7, seed=i, ignore_eos=True,
+                deterministic=others_deterministic), salt)
 
     def drain() -> Iterator[int]:
         while engine.has_unfinished():
@@ -165,10 +205,13 @@ def _run(llm: LLM, target: list[int], params: SamplingParams, others: list[list[
     return tokens, torch.stack(logits)
 
 
-def _compositions(p: dict[str, list[int]]) -> Iterator[tuple[str, list[list[int]], str]]:
+def _compositions(p: dict[str, list[int]]
+                  ) -> Iterator[tuple[str, list[list[int]], str, bool]]:
     others = [p[f"other{i}"] for i in range(7)]
     for when, count in itertools.product(("with", "before", "after"), (1, 3, 7)):
-        yield f"{count} {when}", others[:count], when
+        yield f"{count} {when}", others[:count], when, False
+    for when in ("with", "before"):  # the target's decodes in passes with theirs
+        yield f"7 deterministic {when}", others, when, True
 
 
 def _differences(llm: LLM, p: dict[str, list[int]], params: SamplingParams,
@@ -177,8 +220,9 @@ def _differences(llm: LLM, p: dict[str, list[int]], params: SamplingParams,
     first_only, the first one found)."""
     base_tokens, base_logits = _run(llm, p["target"], params, [], "with", next(_salts))
     found = {}
-    for name, others, when in _compositions(p):
-        tokens, logits = _run(llm, p["target"], params, others, when, next(_salts))
+    for name, others, when, alike in _compositions(p):
+        tokens, logits = _run(llm, p["target"], params, others, when, next(_salts),
+                              others_deterministic=alike)
         if tokens != base_tokens or not torch.equal(logits, base_logits):
             found[name] = f"tokens equal: {tokens == base_tokens}"
             if first_only:

@@ -12,9 +12,12 @@ arithmetic is therefore made a function of the request alone:
   ending at the prompt's end), each chunk in a forward pass of its own;
 - every token after the prompt is computed one per step (also when a preempted request is
   recomputed, so its KV is rebuilt exactly as it was first made), and a step's deterministic
-  decodes run together in a pass of their own whose projections are cut into fixed blocks of
-  ROW_BLOCK rows (padded), in one fixed dtype; a GEMM row's result was measured not to depend
-  on its position in a block nor on the block's other rows, only on the block's shape;
+  decodes run apart from the rest, in one fixed dtype: where the model's own step computes
+  each decode row bit for bit alike whatever shares it (the fused step:
+  `batch_invariant_decode_rows`, which speculative decoding relies on too), in passes of up to
+  that many rows through it; otherwise together in a pass whose projections are cut into
+  fixed blocks of ROW_BLOCK rows (padded), a GEMM row's result measured not to depend on its
+  position in a block nor on the block's other rows, only on the block's shape;
 - the prefix cache is shared only among deterministic requests (their own salt) and only in
   whole grid chunks of a prompt, whose KV any deterministic request would compute identically.
 
@@ -28,8 +31,8 @@ import enum
 from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.engine.sequence import Sequence
 
-# Rows per GEMM block in a deterministic decode pass: enough that 8 decodes share one read of
-# the weights, few enough that a lone decode wastes little on padding.
+# Rows per GEMM block in a deterministic decode pass through torch's layers: enough that 8
+# decodes share one read of the weights, few enough that a lone decode wastes little on padding.
 ROW_BLOCK = 8
 # Prefill grid for deterministic requests, in tokens (capped by the step budget).
 DEFAULT_CHUNK = 256

@@ -41,11 +41,12 @@ def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int,
                  precision: Precision, decode_rows: int = 0) -> None:
-        """decode_rows: the most rows of the model's step that computes each row as a decode
-        (models/fused; 0: none). A step of at most that many tokens runs its prompt chunks as
-        such rows too, each attending to the context up to its own token, as drafts do: one
-        native call instead of the fused decodes beside torch's layers for the chunks (most
-        steps when serving 16 clients carry a short chunk)."""
+        """decode_rows: the most rows of the model's step that computes each row as a decode,
+        bit for bit alike whatever shares the step (models/fused; 0: none). A step of at most
+        that many tokens runs its prompt chunks as such rows too, each attending to the context
+        up to its own token, as drafts do: one native call instead of the fused decodes beside
+        torch's layers for the chunks (most steps when serving 16 clients carry a short
+        chunk); deterministic decodes take passes of up to that many rows."""
         self.model = model
         self.decode_rows = decode_rows
         self.block_size = block_size
@@ -70,12 +71,19 @@ class ModelRunner:
         if not any(seq.deterministic for seq in batch.seqs):
             return self._forward(work, self._dtype(work), None, self._all_decodes(work))
         # Deterministic sequences (runtime/engine/deterministic.py) get passes whose shapes and
-        # dtype depend on nothing else in the step: each prefill chunk alone, and all decodes
-        # together in the one-token dtype with fixed row blocks. The rest run as usual.
+        # dtype depend on nothing else in the step: each prefill chunk alone, and the decodes in
+        # the one-token dtype, in passes of up to decode_rows through the model's own step,
+        # which computes each row alike whatever shares it, or else all together with fixed
+        # row blocks. The rest run as usual.
         shared = [(seq, n) for seq, n in work if not seq.deterministic]
         decodes = [(seq, n) for seq, n in work if seq.deterministic and n == 1]
-        passes = [(shared, self._dtype(shared), None, self._all_decodes(shared)),
-                  (decodes, self.precision.for_step(1, decodes_only=True), ROW_BLOCK, False)]
+        one_token = self.precision.for_step(1, decodes_only=True)
+        passes = [(shared, self._dtype(shared), None, self._all_decodes(shared))]
+        if self.decode_rows:
+            passes += [(decodes[i:i + self.decode_rows], one_token, None, True)
+                       for i in range(0, len(decodes), self.decode_rows)]
+        else:
+            passes.append((decodes, one_token, ROW_BLOCK, False))
         passes += [([(seq, n)], self._dtype([(seq, n)]), None, False)
                    for seq, n in work if seq.deterministic and n > 1]
         sample_seqs: list[Sequence] = []
