@@ -108,12 +108,13 @@ def test_max_rows_past_a_few_only_where_torch_has_no_faster_gemm(monkeypatch):
     monkeypatch.setattr(fused, "has_amx", lambda: True)
     bf16, codec, integer = frozenset({"bf16"}), frozenset({"codec"}), frozenset({"integer"})
     assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16) == MAX_ROWS
-    # Codecs' rows go to oneDNN's AMX GEMM on torch's path, decoded to BF16: it outruns the
-    # step's row decoders past a few rows.
-    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=codec) == MAX_ROWS_BESIDE_AMX
-    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16 | codec) == MAX_ROWS_BESIDE_AMX
-    # Tiles refused to this process (EDGEFIRE_AMX_TILES=0): dot products, beside torch's AMX.
+    # Codecs' decoded rows on the step's tiles too (gemm_decoded_amx.h).
+    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=codec) == MAX_ROWS
+    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16 | codec) == MAX_ROWS
+    # Tiles refused to this process (EDGEFIRE_AMX_TILES=0): dot products, beside torch's AMX,
+    # which outruns them past a few rows (codecs' rows decoded to BF16 on torch's path).
     assert fused.max_rows("avx512bf16", amx_tiles=False, forms=bf16) == MAX_ROWS_BESIDE_AMX
+    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=codec) == MAX_ROWS_BESIDE_AMX
     # INT8/INT4 go to torch's weight-only kernels, which use no tiles.
     assert fused.max_rows("avx512bf16", amx_tiles=True, forms=integer) == MAX_ROWS
     assert fused.max_rows("avx512bf16", amx_tiles=False, forms=integer) == MAX_ROWS
@@ -338,6 +339,22 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kernel, form):
         pytest.skip("this torch has no INT4 CPU kernel")
     for k in (224, 256):
         _rows_alone_match_rows_together(kernel, form, k)
+
+
+@pytest.mark.parametrize("n", [48, 36])
+def test_codec_rows_products_are_dense_and_do_not_depend_on_the_rows_beside_it(kernel, n):
+    # Unweight's rows (lossless) through the codec's row decoder: on AMX tiles where the
+    # process has them, 16 decoded weight rows against up to 64 x rows (gemm_decoded_amx.h);
+    # else, and for 36 rows (not whole tiles of 16), decoded rows of four in dot products.
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(n, 128, generator=g).bfloat16()  # rows of whole 64-column codec blocks
+    weight = weight_form(UnweightLinear.from_weight(w, tune=False))
+    x = torch.randn(MAX_ROWS, 128, generator=g).bfloat16()
+    together = kernel.linear(x, weight)
+    torch.testing.assert_close(together, x.float() @ w.float().T, atol=1e-4, rtol=1e-5)
+    for start, rows in ((0, 1), (5, 2), (3, 16), (1, 17), (20, 33), (0, MAX_ROWS)):
+        alone = kernel.linear(x[start:start + rows].contiguous(), weight)
+        assert torch.equal(alone, together[start:start + rows])
 
 
 # (quantizer, dequantizer) per form and group: torch's INT4 packing dequantizes only through

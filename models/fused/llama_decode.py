@@ -32,7 +32,8 @@ fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name(
 # machine). Past a few rows its dot-product kernels are compute-bound (bench/kernels.py); whether
 # they still beat torch's path there depends on what that path does with the weight. BF16 weights
 # and codecs' rows (decoded to BF16) go to oneDNN's GEMM, which runs on AMX tiles where the CPU
-# has them: there the step gives way past MAX_ROWS_BESIDE_AMX unless it has the tiles too. BF16
+# has them: there the step gives way past MAX_ROWS_BESIDE_AMX unless it has the tiles too (codecs'
+# decoded rows on tiles: gemm_decoded_amx.h, whose comment has their figures). BF16
 # weights multiply over packed pairs (gemm_packed.h), on AMX tiles where the process may use them
 # (gemm_amx.h), and take MAX_ROWS: on a 2-core Xeon with AMX, ms a step at 1, 4, 8, 16, 32 and 64
 # rows, 15.1, 17.5, 19.9, 25.5, 30.3 and 54.6 on tiles, against 13.9, 16.5, 23.5, 31.4, 44.2 and
@@ -58,7 +59,7 @@ def max_rows(isa: str, amx_tiles: bool = False, forms: frozenset[str] = frozense
     tiles, over weights of these forms (form_kind's names)."""
     if isa == "avx2" or (isa == "avx512bf16" and not has_amx()):
         return MAX_ROWS
-    beside_onednn = "codec" in forms or ("bf16" in forms and not amx_tiles)
+    beside_onednn = ("codec" in forms or "bf16" in forms) and not amx_tiles
     if isa == "avx512bf16" and not beside_onednn:
         return MAX_ROWS
     return MAX_ROWS_BESIDE_AMX

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm_decoded_amx.h"
 #include "gemm_packed.h"
 #include "gemv.h"
 #include "gemv_int8.h"
@@ -82,6 +83,10 @@ struct Proj {
   // for a row decoder, x's BF16 words in its column order.
   void apply(const std::vector<bf16>& x, int64_t m, std::vector<float>& xf,
              std::vector<float>& xsum, float* out) const {
+    if (decoder != nullptr && decoded_amx_takes(*decoder, m)) {
+      gemm_decoded_amx(*decoder, reinterpret_cast<const uint16_t*>(x.data()), m, out);
+      return;
+    }
     if (decoder != nullptr) {
       apply_decoded(x, m, reinterpret_cast<uint16_t*>(xf.data()), out);
       return;
