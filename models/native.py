@@ -21,8 +21,9 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 # -march=native for AVX-512 where present; AMX explicitly off: some VMs advertise it but fault.
-# EDGEFIRE_KERNEL_MARCH names another target (e.g. haswell: AVX2 and FMA, no AVX-512), so an
-# AVX-512 machine can build and test the kernels' AVX2 paths too.
+# EDGEFIRE_KERNEL_MARCH names another target (e.g. haswell: AVX2 and FMA, no AVX-512;
+# icelake-server: AVX-512 without BF16 dot products), so a machine with more can build and test
+# the kernels' paths for those too.
 def _flags() -> list[str]:
     march = os.environ.get("EDGEFIRE_KERNEL_MARCH", "native")
     return ["-O3", f"-march={march}", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16",

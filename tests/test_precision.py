@@ -9,7 +9,7 @@ import torch
 
 from edgefire.runtime.engine import precision
 from edgefire.runtime.engine.model_runner import ModelRunner
-from edgefire.runtime.engine.precision import AVX2_BFLOAT16_MAX_TOKENS, Precision
+from edgefire.runtime.engine.precision import FUSED_BFLOAT16_MAX_TOKENS, Precision
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -27,17 +27,20 @@ def test_native_bfloat16_computes_every_step_in_bfloat16(cpu):
     assert {auto.for_step(n) for n in (1, 8, 1024)} == {BF16} and auto.kv == BF16
 
 
-def test_avx512_without_bfloat16_widens_to_bfloat16_from_min_large_tokens(cpu):
-    auto = cpu("avx512")
+def test_other_cpus_widen_to_bfloat16_from_min_large_tokens(cpu):
+    auto = cpu("other")
     assert [auto.for_step(n) for n in (1, 7, 8, 1024)] == [FP32, FP32, BF16, BF16]
     assert auto.for_step(1, True) == FP32
 
 
-def test_avx2_runs_decode_sized_steps_in_bfloat16_and_the_rest_in_float32(cpu):
-    # AVX2 has no fast bfloat16 GEMM: only steps the fused decode kernel takes stay in bfloat16.
-    auto = cpu("avx2")
-    assert auto.for_step(1, True) == auto.for_step(AVX2_BFLOAT16_MAX_TOKENS, True) == BF16
-    assert auto.for_step(AVX2_BFLOAT16_MAX_TOKENS + 1, True) == auto.for_step(1024) == FP32
+@pytest.mark.parametrize("kind", ["avx512", "avx2"])
+def test_without_native_bfloat16_decode_sized_steps_run_in_bfloat16_and_the_rest_in_float32(
+        cpu, kind):
+    # No fast bfloat16 GEMM in torch there: only steps the fused decode kernel takes stay in
+    # bfloat16.
+    auto = cpu(kind)
+    assert auto.for_step(1, True) == auto.for_step(FUSED_BFLOAT16_MAX_TOKENS, True) == BF16
+    assert auto.for_step(FUSED_BFLOAT16_MAX_TOKENS + 1, True) == auto.for_step(1024) == FP32
     assert auto.for_step(5) == FP32  # a prompt chunk: torch's GEMM, in float32
     assert set(auto.dtypes) == {BF16, FP32} and auto.kv == BF16
 
@@ -48,10 +51,12 @@ def test_named_dtypes_ignore_the_cpu(cpu):
     assert Precision.parse("bfloat16").dtypes == (BF16,)
 
 
-def test_avx2_limit_is_the_fused_steps_rows():
-    from edgefire.models.fused.llama_decode import max_rows
+def test_without_native_bfloat16_the_limit_is_the_fused_steps_rows(monkeypatch):
+    from edgefire.models.fused import llama_decode
 
-    assert max_rows("avx2") == AVX2_BFLOAT16_MAX_TOKENS
+    monkeypatch.setattr(llama_decode, "has_amx", lambda: False)
+    for isa in ("avx2", "avx512"):
+        assert llama_decode.max_rows(isa, forms=frozenset({"bf16"})) == FUSED_BFLOAT16_MAX_TOKENS
 
 
 class _Model:
@@ -68,11 +73,13 @@ class _Model:
         return self.prompts and dtype == BF16
 
 
+@pytest.mark.parametrize("kind", ["avx512", "avx2"])
 @pytest.mark.parametrize("prompts", [True, False])
-def test_avx2_prompt_steps_run_in_bfloat16_where_the_models_step_takes_them(cpu, prompts):
-    # INT8/INT4 weights on AVX2: the fused step's integer kernels take prompt chunks beside up
-    # to decode_rows decodes, in bfloat16; other models keep torch's float32 GEMM for them.
-    runner = ModelRunner(_Model(prompts), torch.zeros(1), 16, cpu("avx2"), decode_rows=64)
+def test_prompt_steps_run_in_bfloat16_where_the_models_step_takes_them(cpu, prompts, kind):
+    # Without native bfloat16 the fused step takes prompt chunks beside up to decode_rows
+    # decodes, in bfloat16 (AVX-512: BF16, INT8 and INT4 weights; AVX2: INT8 and INT4); other
+    # models keep torch's float32 GEMM for them.
+    runner = ModelRunner(_Model(prompts), torch.zeros(1), 16, cpu(kind), decode_rows=64)
 
     def seqs(count: int, tokens: int) -> list:
         return [(SimpleNamespace(num_draft=0), tokens)] * count

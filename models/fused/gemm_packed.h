@@ -1,5 +1,6 @@
-// BF16 matmul over a weight packed for AVX512-BF16 dot products: out[m, n] = x[m, k] @ w^T for
-// any number of rows of x, float32 accumulated and out.
+// BF16 matmul over a weight packed for AVX512-BF16 dot products (without them, on AVX-512
+// alone, its pairs widened to float32: packed_tile below): out[m, n] = x[m, k] @ w^T for any
+// number of rows of x, float32 accumulated and out.
 //
 // Why a packed weight: the dot-product kernels in gemv.h hold a vector of partial sums along
 // K per (weight row, x row) and reduce it at the end; each of their dot products needs a
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "gemm_amx.h"
 #include "gemv.h"
@@ -27,18 +29,27 @@
 namespace edgefire::fused {
 
 constexpr int64_t kPackedCols = 64;  // output columns per packed block: four vectors of 16
-constexpr int64_t kPackedRows = 6;   // x rows per tile: 24 sums + 4 weight vectors in registers
+// x rows per tile: 24 sums + 4 weight vectors in registers (without BF16 dot products, 5: see
+// its packed_tile)
+#if defined(__AVX512BF16__)
+constexpr int64_t kPackedRows = 6;
+#else
+constexpr int64_t kPackedRows = 5;
+#endif
 constexpr int64_t kLinesPerPair = 4;  // a block's pair of K: 64 columns x 2 BF16 = 4 lines
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(__AVX512F__)
 constexpr bool kHasPacked = true;
 
 // Rows [0, MR) of x against one packed block [k / 2][64][2]: out[r, 0..64). Each pair of K
 // also asks for `lines` cache lines of what follows the block (the next block: blocks lie
 // one after another) into L2, from `ahead` on: the tiles over a block together fetch the next
 // one while they compute, so the first tile over it does not wait on memory.
+#if defined(__AVX512BF16__)
+using PackedX = uint16_t;  // x as BF16 bits: its pairs are the dot products' other operand
+
 template <int MR>
-inline void packed_tile(const uint16_t* x, int64_t ldx, const uint16_t* block, int64_t pairs,
+inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, int64_t pairs,
                         float* out, int64_t ldo, const char* ahead, int64_t lines) {
   __m512 acc[MR][4];
   for (auto& row : acc)
@@ -59,12 +70,48 @@ inline void packed_tile(const uint16_t* x, int64_t ldx, const uint16_t* block, i
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + j * 16, acc[r][j]);
 }
+#else
+// Without BF16 dot products (AVX-512F, e.g. Ice Lake): x is widened to float32 once per call,
+// and each weight vector's pairs are split into its first and second values as float32 (a
+// shift and a mask: BF16 is a float32's top half), each multiplied into x's value broadcast
+// from memory by one FMA. A 5-row tile keeps 20 sums and a pair's 8 split weight vectors in
+// registers (6 rows would spill: 24 + 8 + the broadcasts pass 32), and spends those 8 splits
+// on 40 FMAs, where the row-major tiles (gemv.h) widen a weight and an x vector for every 4.
+// Each output is one chain of FMAs over K in order (first, then second value of each pair),
+// so a row's result does not depend on what shares its step, as above.
+using PackedX = float;
 
-inline void packed_rows(int64_t mr, const uint16_t* x, int64_t ldx, const uint16_t* block,
+template <int MR>
+inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, int64_t pairs,
+                        float* out, int64_t ldo, const char* ahead, int64_t lines) {
+  __m512 acc[MR][4];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* wp = block + p * kPackedCols * 2;
+    for (int64_t line = 0; line < lines; ++line)
+      _mm_prefetch(ahead + (p * lines + line) * 64, _MM_HINT_T1);
+    __m512 first[4], second[4];
+    for (int j = 0; j < 4; ++j) simd::vload_bf16_pairs(wp + j * 32, first[j], second[j]);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x0 = _mm512_set1_ps(x[r * ldx + 2 * p]);
+      const __m512 x1 = _mm512_set1_ps(x[r * ldx + 2 * p + 1]);
+      for (int j = 0; j < 4; ++j)
+        acc[r][j] = _mm512_fmadd_ps(second[j], x1, _mm512_fmadd_ps(first[j], x0, acc[r][j]));
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + j * 16, acc[r][j]);
+}
+#endif
+
+inline void packed_rows(int64_t mr, const PackedX* x, int64_t ldx, const uint16_t* block,
                         int64_t pairs, float* out, int64_t ldo, const char* ahead,
                         int64_t lines) {
   switch (mr) {
+#if defined(__AVX512BF16__)
     case 6: packed_tile<6>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
+#endif
     case 5: packed_tile<5>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
     case 4: packed_tile<4>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
     case 3: packed_tile<3>(x, ldx, block, pairs, out, ldo, ahead, lines); break;
@@ -75,16 +122,26 @@ inline void packed_rows(int64_t mr, const uint16_t* x, int64_t ldx, const uint16
 
 // x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_pairs in
 // llama_decode.py), out [m, n] float32. Threads split the blocks and, with many rows, the rows
-// too. A work item's rows go in tiles of as even a size as six allow (32 rows: 6 x 5 + 2 x 1
-// would leave two-row tiles, which wait on their weight loads; 4 x 5 + 2 x 6 does not).
+// too. A work item's rows go in tiles of as even a size as kPackedRows allow (32 rows in tiles
+// of six: 6 x 5 + 2 x 1 would leave two-row tiles, which wait on their weight loads; 4 x 5 +
+// 2 x 6 does not).
 inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
                              int64_t n, float* out) {
   if (k % 32 == 0 && amx_usable()) return gemm_packed_amx(x, m, k, packed, n, out);
+#if defined(__AVX512BF16__)
+  const PackedX* xs = x;
+#else
+  thread_local std::vector<float> widened;  // x as float32: grows to the largest step's
+  widened.resize(m * k);
+  for (int64_t i = 0; i < m * k; i += simd::kWidth)
+    simd::vstore(widened.data() + i, simd::vload_bf16(x + i));
+  const PackedX* xs = widened.data();
+#endif
   const int64_t blocks = n / kPackedCols, pairs = k / 2;
   const int64_t block_len = pairs * kPackedCols * 2;
-  // Rows per work item: all of them up to 48 (a block's weight stays in L2 between tiles),
-  // else chunks of at most 48, so prompt-sized steps spread over the threads however few
-  // blocks.
+  // Rows per work item: all of them up to 8 tiles' worth (48; 40 with 5-row tiles: a block's
+  // weight stays in L2 between tiles), else chunks of at most that, so prompt-sized steps
+  // spread over the threads however few blocks.
   constexpr int64_t kChunkRows = 8 * kPackedRows;
   int64_t chunks = (m + kChunkRows - 1) / kChunkRows;
   // Fewer blocks than make an even share each (SmolLM2's o and down: 9, qkv: 15, on two
@@ -108,7 +165,7 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
                                                                   : block + block_len);
       for (int64_t t = 0, r = r0; t < tiles; ++t) {
         const int64_t mr = rows / tiles + (t < rows % tiles);
-        packed_rows(mr, x + r * k, k, block, pairs, out + r * n + b * kPackedCols, n,
+        packed_rows(mr, xs + r * k, k, block, pairs, out + r * n + b * kPackedCols, n,
                     next + t * pairs * lines * 64, lines);
         r += mr;
       }
@@ -121,7 +178,7 @@ constexpr bool kHasPacked = false;
 // Never reached: Proj::set_pairs and linear_packed refuse pairs where kHasPacked is false.
 inline void gemm_packed_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
                              float*) {
-  TORCH_CHECK(false, "packed BF16 pairs need a build with AVX512-BF16");
+  TORCH_CHECK(false, "packed BF16 pairs need a build with AVX-512");
 }
 #endif
 

@@ -3,11 +3,11 @@
 A step takes it when every token in it is a decode (one new token per sequence), it has at
 most max_rows of them (max_rows() says why), it computes in BF16 over a BF16
 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps torch's
-fixed blocks). With AVX512-BF16 (on AMX tiles where torch has them too), prompt chunks with
+fixed blocks). With AVX-512 (on AMX tiles where torch has them too), prompt chunks with
 causal attention take it too, beside at most max_rows decodes, where the weights are BF16, INT8
 or INT4 (`takes_prompts`); on AVX2, where they are all INT8 or INT4. Anything else
 runs the torch path, as do models whose projections are in a form the step cannot read. It
-reads the tensors the model holds: BF16 tensors (with AVX512-BF16, over a copy packed as pairs:
+reads the tensors the model holds: BF16 tensors (with AVX-512, over a copy packed as pairs:
 pack_pairs), and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in],
 BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
 BF16 scales_zeros [groups, out, 2] and the packing's rows per block (or None), or
@@ -48,7 +48,9 @@ fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name(
 # 118.4, 209.3. Without AMX the step wins at every decode size the engine makes: with AVX512-BF16
 # (AMD EPYC, Zen 4; torch in BF16) 16 rows 32.5 vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs
 # 157.2; on AVX2 (torch in float32, its fast dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216,
-# 64 rows 254 vs 358 (Zen 3).
+# 64 rows 254 vs 358 (Zen 3); with AVX-512 alone (Ice Lake, 2 cores; pairs widened to float32,
+# gemm_packed.h) 1 row 14.7 vs 33.4, 16 rows 29.5 vs 76.5, 64 rows 86.1 vs 231.9 (torch in
+# float32; in BF16, oneDNN's emulation, 403.0).
 MAX_ROWS = 64
 MAX_ROWS_BESIDE_AMX = 16
 
@@ -57,7 +59,7 @@ def max_rows(isa: str, amx_tiles: bool = False, forms: frozenset[str] = frozense
     """The most rows the fused step computes (batch-invariant: each row the same whatever
     shares its step), for a kernel built for `isa` on this CPU that may (`amx_tiles`) use AMX
     tiles, over weights of these forms (form_kind's names)."""
-    if isa == "avx2" or (isa == "avx512bf16" and not has_amx()):
+    if isa == "avx2" or not has_amx():
         return MAX_ROWS
     beside_onednn = ("codec" in forms or "bf16" in forms) and not amx_tiles
     if isa == "avx512bf16" and not beside_onednn:
@@ -86,9 +88,10 @@ class FusedLlamaDecode:
         self.max_rows = max_rows(kernel.isa, kernel.amx, kinds)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
-        # With AVX512-BF16, BF16 weights are multiplied over a copy packed as pairs
-        # (gemm_packed.h) at every row count the step's own kernels take.
-        pairs = kernel.isa == "avx512bf16"
+        # With AVX-512, BF16 weights are multiplied over a copy packed as pairs (gemm_packed.h:
+        # BF16 dot products, or without them the pairs widened to float32) at every row count
+        # the step's own kernels take.
+        pairs = kernel.isa in ("avx512bf16", "avx512")
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
@@ -105,7 +108,9 @@ class FusedLlamaDecode:
         # 385-token SmolLM2 prompt, tok/s through the step against torch's, INT8 1,893-2,316
         # vs 365-424 (on AMX tiles, gemm_int8_amx.h) and 557-604 vs 361-400 with the tiles
         # refused, INT4 486-797 vs 271-274; on Zen 4 the integer kernels multiply 1.4-2.8x as
-        # fast as torch's at 64 rows (bench/results/kernels.json). Codecs' rows are left to
+        # fast as torch's at 64 rows (bench/results/kernels.json). With AVX-512 alone (Ice
+        # Lake, 2 cores) the widened pairs run a 385-token BF16 prompt at 930 tok/s against
+        # torch's float32 path's 817, INT8 912 vs 457, INT4 777 vs 450. Codecs' rows are left to
         # torch's GEMM over the decoded rows. Causal attention over the pages is
         # paged_prefill.h's, which serves head_dim 64 and 128. On AVX2 (no BF16 dot products)
         # BF16 prompts stay with torch's float32 GEMM, but INT8 and INT4 ones take the step's

@@ -4,12 +4,14 @@ Which dtype is faster on CPU depends on the step's token count and on the CPU (R
 "Precision", has the measurements). "auto" picks per CPU, and per step by token count where
 the two differ:
 - native bfloat16 dot products (AVX512_BF16, AMX): bfloat16 at every batch size;
-- AVX-512 without them: float32 below `min_large_tokens`, where its matrix-vector products
-  beat emulated bfloat16, and bfloat16 above, where oneDNN's emulated GEMM still wins;
-- AVX2 only: the other way round. torch's bfloat16 GEMM there is a slow fallback (7x float32
-  at 64 rows, 100x+ on a prefill's [1024, 1024]), while a decode step of up to
-  AVX2_BFLOAT16_MAX_TOKENS decodes runs in models/fused, which reads bfloat16 weights (half
-  float32's bytes) widened in registers: bfloat16 for such steps, float32 for the rest.
+- without them (AVX-512 alone, e.g. Ice Lake, or AVX2 alone): torch's bfloat16 GEMM there is
+  a slow fallback (Ice Lake, 2 cores: 57 against float32's 186 GFLOP/s at 64 rows, 64 against
+  281 at a 385-token prompt; AVX2: 7x float32 at 64 rows, 100x+ on a prefill's [1024, 1024]),
+  while a decode step of up to FUSED_BFLOAT16_MAX_TOKENS decodes runs in models/fused, which
+  reads bfloat16 weights (half float32's bytes) widened in registers: bfloat16 for such steps
+  (and for the prompt chunks that step takes: ModelRunner.small_prompts), float32 for the rest;
+- neither (no vector units the kernels use): float32 below `min_large_tokens` and bfloat16
+  above, as once measured on AVX-512 without bfloat16, before models/fused.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from edgefire.contract.cpu import cpu_class
 from edgefire.contract.errors import InvalidInputError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# models/fused's rows on AVX2: the largest decode step its bfloat16 path takes there (it beats
-# torch's float32 at every decode size: llama_decode.py has the measurements).
-AVX2_BFLOAT16_MAX_TOKENS = 64
+# models/fused's rows without native bfloat16: the largest decode step its bfloat16 path takes
+# there (it beats torch's float32 at every decode size: llama_decode.py has the measurements).
+FUSED_BFLOAT16_MAX_TOKENS = 64
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,8 +35,8 @@ class Precision:
     large: torch.dtype
     min_large_tokens: int
     kv: torch.dtype
-    # `small` only for steps of decodes alone (AVX2: only those reach models/fused, and a
-    # prompt chunk in bfloat16 would meet torch's slow bfloat16 GEMM).
+    # `small` only for steps of decodes alone (without native bfloat16: only those surely
+    # reach models/fused, and a prompt chunk in bfloat16 would meet torch's slow bfloat16 GEMM).
     small_decodes_only: bool = False
 
     @classmethod
@@ -44,8 +46,8 @@ class Precision:
             cpu = _cpu_class()
             if cpu == "native_bfloat16":
                 return cls(bf16, bf16, 0, bf16)
-            if cpu == "avx2":
-                return cls(bf16, fp32, AVX2_BFLOAT16_MAX_TOKENS + 1, bf16, True)
+            if cpu in ("avx512", "avx2"):
+                return cls(bf16, fp32, FUSED_BFLOAT16_MAX_TOKENS + 1, bf16, True)
             return cls(fp32, bf16, min_large_tokens, bf16)
         if name not in _NAMED:
             raise InvalidInputError(f"dtype must be one of auto, {', '.join(_NAMED)}",
