@@ -51,16 +51,19 @@ def _forms(w: torch.Tensor, isa: str) -> dict[str, tuple[list, Callable]]:
     """Per weight form: the tensors the fused step reads, and a function that makes torch's
     own matmul for the same form over a copy of them (BF16: the faster of oneDNN's BF16 and
     torch's float32 matmul, which on AVX2-only CPUs is the one that is fast; torch's INT8 and
-    INT4 weight-only kernels, as the quant plugin uses). With AVX512-BF16, "bf16_pairs": the
-    BF16 weight packed as pairs, which the fused step multiplies there (gemm_packed.h),
-    against oneDNN's BF16 over the unpacked weight."""
+    INT4 weight-only kernels, as the quant plugin uses). With AVX-512, "bf16_pairs": the BF16
+    weight packed as pairs, which the fused step multiplies there (gemm_packed.h), against
+    oneDNN's BF16 over the unpacked weight (without BF16 dot products, torch's float32 matmul:
+    the fast one there)."""
     int8 = Int8Linear.quantize(w)
     bf16 = w.bfloat16()
     forms = {"bf16": ([bf16], lambda t: lambda x: F.linear(x, t[0])),
              "bf16_vs_torch_float32": ([bf16], _float32_peer),
              "int8": (weight_form(int8), lambda t: Int8Linear(t[0], t[1]).linear)}
-    if isa == "avx512bf16":
-        forms["bf16_pairs"] = ([pack_pairs([bf16]), bf16], lambda t: lambda x: F.linear(x, t[1]))
+    if isa in ("avx512bf16", "avx512"):
+        peer = ((lambda t: lambda x: F.linear(x, t[1])) if isa == "avx512bf16"
+                else (lambda t: _float32_peer(t[1:])))
+        forms["bf16_pairs"] = ([pack_pairs([bf16]), bf16], peer)
     if HAS_INT4_KERNEL:  # both read torch's INT4 packing
         int4 = Int4Linear.quantize(w, 32)
         forms["int4"] = (weight_form(int4), lambda t: Int4Linear(t[0], t[1], 32).linear)
