@@ -51,6 +51,9 @@ def form_steps(model_id: str, rows: list[int], steps: int, fused_only: bool) -> 
            "prefill_tok_s": {"fused": prefill_rate(llm, fused, True)}}
     if not fused_only:
         out["torch_ms"] = {str(r): times[f"torch_{r}"]["model_ms"] for r in rows}
+        if f"torch_float32_{rows[0]}" in times:  # CPUs without native BF16: torch's fast dtype
+            out["torch_float32_ms"] = {str(r): times[f"torch_float32_{r}"]["model_ms"]
+                                       for r in rows}
         out["prefill_tok_s"]["torch"] = prefill_rate(llm, fused, False)
     del llm, fused
     gc.collect()
@@ -90,9 +93,10 @@ def render(result: dict) -> str:
     rows = []
     for form, entry in result["forms"].items():
         dot = result.get("without_tiles", {}).get(form, {}).get("fused_ms", {})
+        float32 = entry.get("torch_float32_ms", {})
         for r, fused in entry["fused_ms"].items():
             torch_ms = entry["torch_ms"][r]
-            rows.append([form, r, fused, dot.get(r, "–"), torch_ms,
+            rows.append([form, r, fused, dot.get(r, "–"), torch_ms, float32.get(r, "–"),
                          round(torch_ms / fused, 2),
                          "fused" if int(r) <= entry["engine_max_rows"] else "torch"])
     prefill = []
@@ -107,9 +111,11 @@ def render(result: dict) -> str:
             f"{bw} GB/s, {result['roofline']['gemm_dtype']} GEMM "
             f"{result['roofline']['gemm_tflop_s']} TFLOP/s; AMX tiles in this process: "
             f"{result['amx_tiles']}. ms of the model's forward and logits per decode step; "
-            f"\"without tiles\": the fused step with AMX refused (EDGEFIRE_AMX_TILES=0).\n\n"
+            f"\"without tiles\": the fused step with AMX refused (EDGEFIRE_AMX_TILES=0); "
+            f"\"torch float32\": torch's path in float32, where the model holds it (CPUs "
+            f"without native BF16).\n\n"
             + markdown_table(["form", "rows", "fused ms", "fused without tiles ms", "torch ms",
-                              "torch / fused", "engine runs"], rows)
+                              "torch float32 ms", "torch / fused", "engine runs"], rows)
             + f"\n## Prefill of a {PROMPT_TOKENS}-token prompt, tok/s\n\n"
             + markdown_table(["form", "fused", "fused without tiles", "torch", "fused / torch",
                               "engine runs"], prefill))
