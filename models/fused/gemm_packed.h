@@ -45,8 +45,20 @@ constexpr bool kHasPacked = true;
 // also asks for `lines` cache lines of what follows the block (the next block: blocks lie
 // one after another) into L2, from `ahead` on: the tiles over a block together fetch the next
 // one while they compute, so the first tile over it does not wait on memory.
+//
+// Without BF16 dot products (AVX-512F, e.g. Ice Lake): x is widened to float32 once per call,
+// and each weight vector's pairs are split into its first and second values as float32 (a
+// shift and a mask: BF16 is a float32's top half), each multiplied into x's value broadcast
+// from memory by one FMA. A 5-row tile keeps 20 sums and a pair's 8 split weight vectors in
+// registers (6 rows would spill: 24 + 8 + the broadcasts pass 32), and spends those 8 splits
+// on 40 FMAs, where the row-major tiles (gemv.h) widen a weight and an x vector for every 4.
+// Each output is one chain of FMAs over K in order (first, then second value of each pair),
+// so a row's result does not depend on what shares its step, as with the dot products.
 #if defined(__AVX512BF16__)
 using PackedX = uint16_t;  // x as BF16 bits: its pairs are the dot products' other operand
+#else
+using PackedX = float;
+#endif
 
 template <int MR>
 inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, int64_t pairs,
@@ -58,6 +70,7 @@ inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, in
     const uint16_t* wp = block + p * kPackedCols * 2;
     for (int64_t line = 0; line < lines; ++line)
       _mm_prefetch(ahead + (p * lines + line) * 64, _MM_HINT_T1);
+#if defined(__AVX512BF16__)
     __m512bh w[4];
     for (int j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(wp + j * 32);
     for (int r = 0; r < MR; ++r) {
@@ -66,31 +79,7 @@ inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, in
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
       for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], w[j], xb);
     }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + j * 16, acc[r][j]);
-}
 #else
-// Without BF16 dot products (AVX-512F, e.g. Ice Lake): x is widened to float32 once per call,
-// and each weight vector's pairs are split into its first and second values as float32 (a
-// shift and a mask: BF16 is a float32's top half), each multiplied into x's value broadcast
-// from memory by one FMA. A 5-row tile keeps 20 sums and a pair's 8 split weight vectors in
-// registers (6 rows would spill: 24 + 8 + the broadcasts pass 32), and spends those 8 splits
-// on 40 FMAs, where the row-major tiles (gemv.h) widen a weight and an x vector for every 4.
-// Each output is one chain of FMAs over K in order (first, then second value of each pair),
-// so a row's result does not depend on what shares its step, as above.
-using PackedX = float;
-
-template <int MR>
-inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, int64_t pairs,
-                        float* out, int64_t ldo, const char* ahead, int64_t lines) {
-  __m512 acc[MR][4];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    const uint16_t* wp = block + p * kPackedCols * 2;
-    for (int64_t line = 0; line < lines; ++line)
-      _mm_prefetch(ahead + (p * lines + line) * 64, _MM_HINT_T1);
     __m512 first[4], second[4];
     for (int j = 0; j < 4; ++j) simd::vload_bf16_pairs(wp + j * 32, first[j], second[j]);
     for (int r = 0; r < MR; ++r) {
@@ -99,11 +88,11 @@ inline void packed_tile(const PackedX* x, int64_t ldx, const uint16_t* block, in
       for (int j = 0; j < 4; ++j)
         acc[r][j] = _mm512_fmadd_ps(second[j], x1, _mm512_fmadd_ps(first[j], x0, acc[r][j]));
     }
+#endif
   }
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + j * 16, acc[r][j]);
 }
-#endif
 
 inline void packed_rows(int64_t mr, const PackedX* x, int64_t ldx, const uint16_t* block,
                         int64_t pairs, float* out, int64_t ldo, const char* ahead,
