@@ -489,6 +489,7 @@ def test_a_rows_packed_product_does_not_depend_on_the_rows_beside_it(pairs_kerne
 def test_only_bf16_weights_of_whole_blocks_are_packed_as_pairs():
     assert pack_pairs([torch.zeros(128, 32, dtype=torch.bfloat16)]).shape == (2, 16, 64, 2)
     assert pack_pairs([torch.zeros(96, 32, dtype=torch.bfloat16)]).numel() == 0
+    assert pack_pairs([torch.zeros(128, 48, dtype=torch.bfloat16)]).numel() == 0  # K: 32s
     assert pack_pairs([torch.zeros(128, 32)]).numel() == 0  # float32
     assert pack_pairs([torch.zeros(128, 32, dtype=torch.int8), torch.ones(128)]).numel() == 0
 

@@ -49,8 +49,8 @@ fused_kernels = native_kernel("edgefire_fused_decode", Path(__file__).with_name(
 # (AMD EPYC, Zen 4; torch in BF16) 16 rows 32.5 vs 73.5, 32 rows 70.2 vs 89.7, 64 rows 99.8 vs
 # 157.2; on AVX2 (torch in float32, its fast dtype there) 16 rows 73 vs 170, 32 rows 154 vs 216,
 # 64 rows 254 vs 358 (Zen 3); with AVX-512 alone (Ice Lake, 2 cores; pairs widened to float32,
-# gemm_packed.h) 1 row 14.7 vs 33.4, 16 rows 29.5 vs 76.5, 64 rows 86.1 vs 231.9 (torch in
-# float32; in BF16, oneDNN's emulation, 403.0).
+# gemm_packed.h) 1 row 16.1 vs 38.6, 16 rows 31.7 vs 140.8, 64 rows 122.2 vs 196.4 (torch in
+# float32; in BF16, oneDNN's emulation, 417.4: bench/results/steps-avx512.json).
 MAX_ROWS = 64
 MAX_ROWS_BESIDE_AMX = 16
 
@@ -109,14 +109,14 @@ class FusedLlamaDecode:
         # vs 365-424 (on AMX tiles, gemm_int8_amx.h) and 557-604 vs 361-400 with the tiles
         # refused, INT4 486-797 vs 271-274; on Zen 4 the integer kernels multiply 1.4-2.8x as
         # fast as torch's at 64 rows (bench/results/kernels.json). With AVX-512 alone (Ice
-        # Lake, 2 cores) the widened pairs run a 385-token BF16 prompt at 930 tok/s against
-        # torch's float32 path's 817, INT8 912 vs 457, INT4 777 vs 450. Codecs' rows are left to
-        # torch's GEMM over the decoded rows. Causal attention over the pages is
-        # paged_prefill.h's, which serves head_dim 64 and 128. On AVX2 (no BF16 dot products)
-        # BF16 prompts stay with torch's float32 GEMM, but INT8 and INT4 ones take the step's
-        # integer kernels (vpmaddwd): Zen 3, 2 cores, the 385-token prompt, tok/s through the
-        # step against torch's path in BF16 (float32 is no faster there), INT8 668-680 vs
-        # 375-378, INT4 557-567 vs 326-342.
+        # Lake, 2 cores) the widened pairs run a 385-token BF16 prompt at 756 tok/s against
+        # torch's float32 path's 702, INT8 652 vs 400, INT4 800 vs 521 (steps-avx512.json).
+        # Codecs' rows are left to torch's GEMM over the decoded rows. Causal attention over
+        # the pages is paged_prefill.h's, which serves head_dim 64 and 128. On AVX2 (no BF16
+        # dot products) BF16 prompts stay with torch's float32 GEMM, but INT8 and INT4 ones take
+        # the step's integer kernels (vpmaddwd): Zen 3, 2 cores, the 385-token prompt, tok/s
+        # through the step against torch's path in BF16 (float32 is no faster there), INT8
+        # 668-680 vs 375-378, INT4 557-567 vs 326-342.
         integer_only = kinds == {"integer"} and kernel.isa == "avx2"
         self.takes_prompts = ((pairs and kinds <= {"bf16", "integer"}) or integer_only) \
             and self.max_rows == MAX_ROWS and c.head_dim in (64, 128)
@@ -186,9 +186,10 @@ def pack_pairs(form: list[Any]) -> torch.Tensor:
     """A BF16 weight [n, k] as gemm_packed.h reads it, [n / 64, k / 2, 64, 2]: each block of 64
     output columns holds, for each pair of K, the 64 columns' two values side by side. A
     second copy of the weight (SmolLM2: 269 MB with the LM head); _NO_PAIRS for other forms
-    and shapes."""
+    and shapes (K in whole 32-value chunks, as the step's kernels take it: without BF16 dot
+    products the kernel widens x a vector at a time)."""
     w = form[0] if len(form) == 1 else None
-    if not _is_bf16(w) or w.shape[0] % PAIR_COLS or w.shape[1] % 2:
+    if not _is_bf16(w) or w.shape[0] % PAIR_COLS or w.shape[1] % 32:
         return _NO_PAIRS
     n, k = w.shape
     return w.view(n // PAIR_COLS, PAIR_COLS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
