@@ -20,7 +20,7 @@ from edgefire.models.fused import (
     fused_kernels,
     weight_form,
 )
-from edgefire.models.fused.llama_decode import form_kind, pack_pairs
+from edgefire.models.fused.llama_decode import form_kind, pack_pairs, pack_panels
 from edgefire.models.llama import PROJECTIONS, LlamaConfig, LlamaForCausalLM
 from edgefire.plugins.quant.linear import HAS_INT4_KERNEL, Int4Linear, Int8Linear
 from edgefire.plugins.unweight.resident import UnweightLinear
@@ -249,10 +249,10 @@ def test_decodes_beside_a_prompt_chunk_still_take_the_fused_step(kernel):
 
 @pytest.mark.parametrize("form", ["bf16", *QUANTIZERS])
 def test_prompt_chunks_take_the_fused_step_beside_decodes(kernel, form):
-    # Where the pairs kernel multiplies BF16 weights (AVX-512), whole prompts and later chunks
-    # (causal at their context's end) run in the same native call as the decodes, against
-    # torch's path here; so do INT8 and INT4 weights there and on AVX2 (torch's path: its
-    # weight-only kernels).
+    # Whole prompts and later chunks (causal at their context's end) run in the same native
+    # call as the decodes, against torch's path here: BF16 weights over the pairs kernel
+    # (AVX-512) or the panels (AVX2), INT8 and INT4 weights over the step's integer kernels
+    # (torch's path: its weight-only kernels).
     if form == "int4" and not HAS_INT4_KERNEL:
         pytest.skip("this torch has no INT4 CPU kernel")
     config = dataclasses.replace(CONFIG, head_dim=64)
@@ -260,11 +260,11 @@ def test_prompt_chunks_take_the_fused_step_beside_decodes(kernel, form):
     if form != "bf16":
         model.make_resident(QUANTIZERS[form], form, Int8Linear.quantize)
     takes = model._fused_step().takes_prompts
-    if kernel.isa == "avx2" and form != "bf16" or kernel.isa == "avx512":
-        assert takes  # AVX2's integer kernels; AVX-512's, and its pairs widened
+    if kernel.isa in ("avx2", "avx512"):
+        assert takes  # the integer kernels; the panels, or the pairs widened
     elif not takes:
-        pytest.skip("prompt chunks take the fused step with AVX-512 (on AMX tiles where "
-                    "torch has them); on AVX2, INT8 and INT4 ones only")
+        pytest.skip("prompt chunks take the fused step on AMX machines only where it has the "
+                    "tiles too")
     g = torch.Generator().manual_seed(6)
     spans, slots, new_ids, new_positions = [], [], [], []
     row = meta.num_decode_tokens
@@ -498,6 +498,50 @@ def test_packed_pairs_reject_a_mismatched_weight(pairs_kernel):
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="packed"):
         pairs_kernel.linear_packed(x, pack_pairs([torch.zeros(64, 32, dtype=torch.bfloat16)]))
+
+
+@pytest.fixture(scope="module")
+def panels_kernel(kernel):
+    if kernel.isa != "avx2":
+        pytest.skip("the panels matmul is the AVX2 build's (without AVX-512)")
+    return kernel
+
+
+def test_panels_matmul_matches_a_float_matmul(panels_kernel):
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(192, 160, generator=g).bfloat16()
+    # every tile remainder (tiles of six rows); past a block of rows (256 KiB of float32 x)
+    for rows in [*range(1, 14), 47, 100, 409, 410, 500]:
+        x = torch.randn(rows, 160, generator=g).bfloat16()
+        torch.testing.assert_close(panels_kernel.linear_panels(x, pack_panels([w])),
+                                   x.float() @ w.float().T, atol=1e-4, rtol=1e-5)
+
+
+def test_a_rows_panels_product_does_not_depend_on_the_rows_beside_it(panels_kernel):
+    # Tiles of six rows, blocks of 408 rows at K = 160: each output is one chain of FMAs
+    # over K in order, bit for bit.
+    g = torch.Generator().manual_seed(5)
+    panels = pack_panels([torch.randn(64, 160, generator=g).bfloat16()])
+    x = torch.randn(450, 160, generator=g).bfloat16()
+    together = panels_kernel.linear_panels(x, panels)
+    for start, rows in [(0, 1), (3, 2), (5, 7), (13, 48), (20, 420), (449, 1)]:
+        alone = panels_kernel.linear_panels(x[start:start + rows].contiguous(), panels)
+        assert torch.equal(alone, together[start:start + rows])
+
+
+def test_only_bf16_weights_of_whole_panels_are_packed():
+    assert pack_panels([torch.zeros(32, 64, dtype=torch.bfloat16)]).shape == (2, 64, 16)
+    assert pack_panels([torch.zeros(40, 64, dtype=torch.bfloat16)]).numel() == 0
+    assert pack_panels([torch.zeros(32, 48, dtype=torch.bfloat16)]).numel() == 0  # K: 32s
+    assert pack_panels([torch.zeros(32, 64)]).numel() == 0  # float32
+    w = torch.arange(32 * 64, dtype=torch.float32).view(32, 64).bfloat16()
+    assert torch.equal(pack_panels([w])[1, 5], w[16:32, 5])  # panel 1, K = 5: 16 columns
+
+
+def test_packed_panels_reject_a_mismatched_weight(panels_kernel):
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="panels"):
+        panels_kernel.linear_panels(x, pack_panels([torch.zeros(64, 32, dtype=torch.bfloat16)]))
 
 
 def test_the_steps_bf16_rounding_is_torchs_bit_for_bit(kernel):

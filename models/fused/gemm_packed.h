@@ -164,7 +164,7 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
 #else
 constexpr bool kHasPacked = false;
 
-// Never reached: Proj::set_pairs and linear_packed refuse pairs where kHasPacked is false.
+// Never reached: Proj::set_packed and linear_packed refuse pairs where kHasPacked is false.
 inline void gemm_packed_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
                              float*) {
   TORCH_CHECK(false, "packed BF16 pairs need a build with AVX-512");

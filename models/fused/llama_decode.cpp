@@ -10,9 +10,11 @@
 // layers; the projections' inputs are rounded to BF16, as the BF16 weights require.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../attention/paged_decode.h"
@@ -42,19 +44,24 @@ void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
   }
 }
 
+struct StepBuffers {
+  std::vector<float> h, proj, q, attn, xf, xsum;
+  std::vector<bf16> x;
+};
+
 class LlamaDecode {
  public:
   // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
   // tensors.
   // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
-  // pairs[p][layer]: BF16 weights as pack_bf16 lays them out for gemm_packed.h (empty tensors
-  // where none), or no lists.
+  // packed[p][layer]: BF16 weights as this build's packing lays them out (Proj::set_packed:
+  // pairs for gemm_packed.h, panels for gemm_panels.h; empty tensors where none), or no lists.
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
               double eps, std::vector<pybind11::object> embed,
               std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
               std::vector<std::vector<std::vector<pybind11::object>>> forms,
               torch::Tensor final_norm, torch::Tensor cos, torch::Tensor sin,
-              std::vector<std::vector<torch::Tensor>> pairs)
+              std::vector<std::vector<torch::Tensor>> packed)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)),
         hidden_(hidden), inter_(inter), embed_(embed, form_rows(embed), hidden, "embed"),
         attn_norm_(std::move(attn_norm)),
@@ -76,10 +83,11 @@ class LlamaDecode {
                     attn_norm_.size() == layers && mlp_norm_.size() == layers,
                 "one weight of each kind per layer");
     std::vector<Proj>* kinds[] = {&qkv_, &o_, &gate_up_, &down_};
-    TORCH_CHECK(pairs.empty() || pairs.size() == 4, "pairs: none, or qkv, o, gate_up, down");
-    for (size_t p = 0; p < pairs.size(); ++p) {
-      TORCH_CHECK(pairs[p].size() == layers, "pairs: one weight per layer");
-      for (size_t l = 0; l < layers; ++l) (*kinds[p])[l].set_pairs(pairs[p][l]);
+    TORCH_CHECK(packed.empty() || packed.size() == 4,
+                "packed: none, or qkv, o, gate_up, down");
+    for (size_t p = 0; p < packed.size(); ++p) {
+      TORCH_CHECK(packed[p].size() == layers, "packed: one weight per layer");
+      for (size_t l = 0; l < layers; ++l) (*kinds[p])[l].set_packed(packed[p][l]);
     }
     for (size_t l = 0; l < layers; ++l)
       for (const auto* norm : {&attn_norm_[l], &mlp_norm_[l]})
@@ -131,10 +139,22 @@ class LlamaDecode {
                   "token id, position or slot out of range");
 
     const int64_t h_size = hidden_;
-    std::vector<float> h(m * h_size), proj(m * std::max({qkv_size, 2 * inter_, h_size}));
-    std::vector<float> q(m * q_size), attn(m * q_size);
-    std::vector<bf16> x(m * std::max({h_size, inter_, q_size}));
-    std::vector<float> xf(x.size()), xsum(x.size());
+    // The step's buffers stay with the calling thread (a node's one compute thread runs every
+    // step): allocated per call, a prompt chunk's ~30 MB came as fresh pages the kernel zeroed
+    // each time, 5% of a prefill (AVX2, 1,024-token chunks). Every row is written before read.
+    // References, which the parallel loops' lambdas capture: a thread_local named inside one
+    // would be the worker thread's own.
+    thread_local StepBuffers buffers;
+    std::vector<float> &h = buffers.h, &proj = buffers.proj, &q = buffers.q, &attn = buffers.attn,
+        &xf = buffers.xf, &xsum = buffers.xsum;
+    std::vector<bf16>& x = buffers.x;
+    const int64_t widest = std::max({h_size, inter_, q_size});
+    for (auto [buffer, size] : {std::pair{&h, m * h_size},
+                                {&proj, m * std::max({qkv_size, 2 * inter_, h_size})},
+                                {&q, m * q_size}, {&attn, m * q_size}, {&xf, m * widest},
+                                {&xsum, m * widest}})
+      if (static_cast<int64_t>(buffer->size()) < size) buffer->resize(size);
+    if (static_cast<int64_t>(x.size()) < m * widest) x.resize(m * widest);
     for (int64_t r = 0; r < m; ++r) embed_.row(id[r], h.data() + r * h_size);
     bf16* cache = kv_cache.data_ptr<bf16>();
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
@@ -143,7 +163,7 @@ class LlamaDecode {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
       rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      qkv_[l].apply(x, m, xf, xsum, proj.data());
+      qkv_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
       at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           float* row = proj.data() + r * qkv_size;
@@ -173,12 +193,12 @@ class LlamaDecode {
         std::copy_n(o.data_ptr<float>(), span_tokens[i] * q_size, attn.data() + row * q_size);
       }
       to_bf16(attn.data(), m * q_size, x.data());
-      o_[l].apply(x, m, xf, xsum, proj.data());
+      o_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
       add_to(h.data(), proj.data(), m * h_size);
       rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gate_up_[l].apply(x, m, xf, xsum, proj.data());
+      gate_up_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
       silu_mul(proj.data(), m, inter_, x.data());
-      down_[l].apply(x, m, xf, xsum, proj.data());
+      down_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
       add_to(h.data(), proj.data(), m * h_size);
     }
     auto out = torch::empty({m, h_size}, torch::kBFloat16);
@@ -215,7 +235,7 @@ torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
 // x [m, k] bfloat16 @ each of several weights of one shape in turn, in one call, as the fused
 // step runs its matmuls: the seconds the matmuls took, with no Python call between them
 // (bench/kernels.py's read rate per shape beside the one-call-per-matmul rate). pairs: none,
-// or each weight's packed pairs (Proj::set_pairs).
+// or each weight's packing (Proj::set_packed).
 double time_linears(torch::Tensor x, std::vector<std::vector<pybind11::object>> forms,
                     std::vector<torch::Tensor> pairs) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2 &&
@@ -225,7 +245,7 @@ double time_linears(torch::Tensor x, std::vector<std::vector<pybind11::object>> 
   TORCH_CHECK(n % edgefire::fused::kTileRows == 0 && k % edgefire::fused::kChunk == 0,
               "weight rows % 4 == 0, k % 32 == 0");
   std::vector<Proj> projs = projections(forms, n, k, "w");
-  for (size_t i = 0; i < pairs.size(); ++i) projs[i].set_pairs(pairs[i]);
+  for (size_t i = 0; i < pairs.size(); ++i) projs[i].set_packed(pairs[i]);
   std::vector<bf16> rows(x.data_ptr<bf16>(), x.data_ptr<bf16>() + m * k);
   std::vector<float> xf(m * k), xsum(m * k), out(m * n);
   const auto start = std::chrono::steady_clock::now();
@@ -250,6 +270,23 @@ torch::Tensor linear_packed(torch::Tensor x, torch::Tensor packed) {
   return out;
 }
 
+// x [m, k] bfloat16 @ a weight packed by pack_panels ([n / 16, k, 16] bfloat16) -> [m, n]
+// float32 (gemm_panels.h).
+torch::Tensor linear_panels(torch::Tensor x, torch::Tensor panels) {
+  TORCH_CHECK(edgefire::fused::kHasPanels, "BF16 panels are the AVX2 build's");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
+              "x: contiguous bfloat16 [m, k]");
+  TORCH_CHECK(panels.scalar_type() == torch::kBFloat16 && panels.is_contiguous() &&
+                  panels.dim() == 3 && panels.size(1) == x.size(1) &&
+                  panels.size(2) == edgefire::fused::kPanelCols,
+              "panels: contiguous bfloat16 [n / 16, k, 16]");
+  const int64_t m = x.size(0), k = x.size(1), n = panels.size(0) * panels.size(2);
+  auto out = torch::empty({m, n}, x.options().dtype(torch::kFloat32));
+  edgefire::fused::gemm_panels_bf16(edgefire::fused::bits(x), m, k,
+                                    edgefire::fused::bits(panels), n, out.data_ptr<float>());
+  return out;
+}
+
 // x float32 -> bfloat16 as the step rounds its values (elementwise.h), for tests.
 torch::Tensor round_bf16(torch::Tensor x) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
@@ -266,6 +303,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.def("round_bf16", &round_bf16);
   m.def("linear_packed", &linear_packed);
+  m.def("linear_panels", &linear_panels);
   m.def("time_linears", &time_linears);
   m.attr("isa") = edgefire::fused::kIsa;
   m.attr("amx") = edgefire::fused::amx_usable();

@@ -3,12 +3,12 @@
 A step takes it when every token in it is a decode (one new token per sequence), it has at
 most max_rows of them (max_rows() says why), it computes in BF16 over a BF16
 KV cache, and no batch-invariant row blocks are asked for (deterministic mode keeps torch's
-fixed blocks). With AVX-512 (on AMX tiles where torch has them too), prompt chunks with
-causal attention take it too, beside at most max_rows decodes, where the weights are BF16, INT8
-or INT4 (`takes_prompts`); on AVX2, where they are all INT8 or INT4. Anything else
-runs the torch path, as do models whose projections are in a form the step cannot read. It
-reads the tensors the model holds: BF16 tensors (with AVX-512, over a copy packed as pairs:
-pack_pairs), and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in],
+fixed blocks). Prompt chunks with causal attention take it too, beside at most max_rows
+decodes, where the weights are BF16, INT8 or INT4 (`takes_prompts`; with AVX-512 on AMX tiles
+where torch has them too). Anything else runs the torch path, as do models whose projections
+are in a form the step cannot read. It reads the tensors the model holds: BF16 tensors (with
+AVX-512, over a copy packed as pairs: pack_pairs; on AVX2, prompt rows over a copy packed in
+panels: pack_panels), and resident forms that offer `int8_per_channel()` -> (INT8 weight [out, in],
 BF16 scales [out]), `int4_groupwise()` -> torch's CPU INT4 packing, its
 BF16 scales_zeros [groups, out, 2] and the packing's rows per block (or None), or
 `row_decoder()` -> a PyCapsule of the codec's own row decoder (row_decoder.h), or None.
@@ -92,13 +92,17 @@ class FusedLlamaDecode:
         # BF16 dot products, or without them the pairs widened to float32) at every row count
         # the step's own kernels take.
         pairs = kernel.isa in ("avx512bf16", "avx512")
+        # On AVX2 the decode rows stay on gemv.h's tiles (they read the BF16 weight, half
+        # float32's bytes, at one row) and a step's prompt rows multiply over panels
+        # (gemm_panels.h), at ~1.4x the tiles' rate.
+        pack = pack_pairs if pairs else pack_panels if kernel.isa == "avx2" else None
         self.step = kernel.LlamaDecode(
             c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
             c.rms_norm_eps, embed, [layer.attn_norm for layer in layers],
             [layer.mlp_norm for layer in layers], forms, weights.final_norm,
             rotary.cos.contiguous(), rotary.sin.contiguous(),
-            [[pack_pairs(form) for form in per_layer] for per_layer in forms] if pairs else [])
-        self.lm_head_pairs = pack_pairs(self.lm_head) if pairs else _NO_PAIRS
+            [[pack(form) for form in per_layer] for per_layer in forms] if pack else [])
+        self.lm_head_pairs = pack_pairs(self.lm_head) if pairs else _UNPACKED
         # Prompt chunks too, where the step multiplies the weights as fast as torch's path: on
         # Zen 4 the pairs kernel matches oneDNN's BF16 GEMM at prompt sizes, as it does on AMX
         # tiles where both have them (gemm_amx.h), and the step saves the ~20% of a prompt
@@ -113,12 +117,13 @@ class FusedLlamaDecode:
         # torch's float32 path's 702, INT8 652 vs 400, INT4 800 vs 521 (steps-avx512.json).
         # Codecs' rows are left to torch's GEMM over the decoded rows. Causal attention over
         # the pages is paged_prefill.h's, which serves head_dim 64 and 128. On AVX2 (no BF16
-        # dot products) BF16 prompts stay with torch's float32 GEMM, but INT8 and INT4 ones take
-        # the step's integer kernels (vpmaddwd): Zen 3, 2 cores, the 385-token prompt, tok/s
-        # through the step against torch's path in BF16 (float32 is no faster there), INT8
-        # 668-680 vs 375-378, INT4 557-567 vs 326-342.
-        integer_only = kinds == {"integer"} and kernel.isa == "avx2"
-        self.takes_prompts = ((pairs and kinds <= {"bf16", "integer"}) or integer_only) \
+        # dot products) INT8 and INT4 prompts take the step's integer kernels (vpmaddwd): Zen 3,
+        # 2 cores, the 385-token prompt, tok/s through the step against torch's path in BF16
+        # (float32 is no faster there), INT8 668-680 vs 375-378, INT4 557-567 vs 326-342; BF16
+        # prompts multiply over panels (gemm_panels.h), where gemv.h's tiles only matched torch's
+        # float32 path (Zen 4 with AVX-512 hidden, 2 cores, 32 prompts of 64-512 tokens: 394
+        # tok/s either way).
+        self.takes_prompts = pack is not None and kinds <= {"bf16", "integer"} \
             and self.max_rows == MAX_ROWS and c.head_dim in (64, 128)
 
     @classmethod
@@ -177,22 +182,36 @@ class FusedLlamaDecode:
         return None
 
 
-# What a weight the pairs kernel cannot take is packed as: nothing (the step reads it as it is).
-_NO_PAIRS = torch.empty(0, dtype=torch.bfloat16)
+# What a weight the packing cannot take is packed as: nothing (the step reads it as it is).
+_UNPACKED = torch.empty(0, dtype=torch.bfloat16)
 PAIR_COLS = 64  # output columns a packed block holds (gemm_packed.h's kPackedCols)
 
 
 def pack_pairs(form: list[Any]) -> torch.Tensor:
     """A BF16 weight [n, k] as gemm_packed.h reads it, [n / 64, k / 2, 64, 2]: each block of 64
     output columns holds, for each pair of K, the 64 columns' two values side by side. A
-    second copy of the weight (SmolLM2: 269 MB with the LM head); _NO_PAIRS for other forms
+    second copy of the weight (SmolLM2: 269 MB with the LM head); _UNPACKED for other forms
     and shapes (K in whole 32-value chunks, as the step's kernels take it: without BF16 dot
     products the kernel widens x a vector at a time)."""
     w = form[0] if len(form) == 1 else None
     if not _is_bf16(w) or w.shape[0] % PAIR_COLS or w.shape[1] % 32:
-        return _NO_PAIRS
+        return _UNPACKED
     n, k = w.shape
     return w.view(n // PAIR_COLS, PAIR_COLS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+PANEL_COLS = 16  # output columns a panel holds (gemm_panels.h's kPanelCols)
+
+
+def pack_panels(form: list[Any]) -> torch.Tensor:
+    """A BF16 weight [n, k] as gemm_panels.h reads it, [n / 16, k, 16]: each panel of 16 output
+    columns holds, for each K, the 16 columns' values side by side. A second copy of the
+    weight, as pack_pairs's; _UNPACKED for other forms and shapes."""
+    w = form[0] if len(form) == 1 else None
+    if not _is_bf16(w) or w.shape[0] % PANEL_COLS or w.shape[1] % 32:
+        return _UNPACKED
+    n, k = w.shape
+    return w.view(n // PANEL_COLS, PANEL_COLS, k).transpose(1, 2).contiguous()
 
 
 def _is_bf16(t: object) -> bool:

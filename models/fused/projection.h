@@ -9,6 +9,7 @@
 
 #include "gemm_decoded_amx.h"
 #include "gemm_packed.h"
+#include "gemm_panels.h"
 #include "gemv.h"
 #include "gemv_int8.h"
 #include "gemv_int4.h"
@@ -34,7 +35,8 @@ inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, con
 // reads the tensors the model already holds: no copies.
 struct Proj {
   torch::Tensor w, scales;
-  torch::Tensor pairs;   // optional: a BF16 w packed for gemm_packed.h (AVX512-BF16)
+  torch::Tensor pairs;   // optional: a BF16 w packed for gemm_packed.h (AVX-512)
+  torch::Tensor panels;  // optional: a BF16 w packed for gemm_panels.h (AVX2)
   int64_t group = 0, block = 0;  // INT4: columns per scale, rows per packing block
   const RowDecoder* decoder = nullptr;
   pybind11::object keep;  // the decoder's capsule
@@ -104,6 +106,18 @@ struct Proj {
     }
   }
 
+  // A step's matmul: its first `decodes` rows through apply's kernels, the prompt rows after
+  // them (if any) over the panels where w has them: a decode row's result is then the same
+  // whether or not prompt chunks share its step.
+  void apply_step(const std::vector<bf16>& x, int64_t m, int64_t decodes,
+                  std::vector<float>& xf, std::vector<float>& xsum, float* out) const {
+    if (!panels.defined() || decodes == m) return apply(x, m, xf, xsum, out);
+    const int64_t n = w.size(0), k = w.size(1);
+    if (decodes) apply(x, decodes, xf, xsum, out);
+    gemm_panels_bf16(reinterpret_cast<const uint16_t*>(x.data()) + decodes * k, m - decodes, k,
+                     bits(panels), n, out + decodes * n);
+  }
+
   // Each tile's four rows decoded once into a per-thread buffer, then multiplied as BF16.
   void apply_decoded(const std::vector<bf16>& x, int64_t m, uint16_t* xo, float* out) const {
     const int64_t n = decoder->rows, k = decoder->cols;
@@ -146,14 +160,22 @@ struct Proj {
       out[decoder->order[c]] = static_cast<float>(c10::BFloat16(words[c], c10::BFloat16::from_bits()));
   }
 
-  // pairs: w as pack_bf16 lays it out (llama_decode.py), or an empty tensor for none.
-  void set_pairs(const torch::Tensor& p) {
+  // p: w as this build's packing lays it out (llama_decode.py): pairs (pack_pairs) with
+  // AVX-512, panels (pack_panels) on AVX2; or an empty tensor for none.
+  void set_packed(const torch::Tensor& p) {
     if (p.numel() == 0) return;
-    TORCH_CHECK(kHasPacked && !scales.defined() && decoder == nullptr && w.defined(),
-                "packed pairs: for BF16 weights, on CPUs with AVX512-BF16");
-    TORCH_CHECK(p.scalar_type() == torch::kBFloat16 && p.is_contiguous() && p.dim() == 4 &&
-                    p.size(0) * p.size(2) == w.size(0) && p.size(1) * 2 == w.size(1) &&
-                    p.size(2) == kPackedCols && p.size(3) == 2,
+    TORCH_CHECK((kHasPacked || kHasPanels) && !scales.defined() && decoder == nullptr &&
+                    w.defined() && p.scalar_type() == torch::kBFloat16 && p.is_contiguous(),
+                "packed weights: contiguous bfloat16, for BF16 weights, on CPUs with AVX2");
+    if (kHasPanels) {
+      TORCH_CHECK(p.dim() == 3 && p.size(0) * kPanelCols == w.size(0) &&
+                      p.size(1) == w.size(1) && p.size(2) == kPanelCols,
+                  "packed panels: contiguous bfloat16 [n / 16, k, 16]");
+      panels = p;
+      return;
+    }
+    TORCH_CHECK(p.dim() == 4 && p.size(0) * p.size(2) == w.size(0) &&
+                    p.size(1) * 2 == w.size(1) && p.size(2) == kPackedCols && p.size(3) == 2,
                 "packed pairs: contiguous bfloat16 [n / 64, k / 2, 64, 2]");
     pairs = p;
   }
