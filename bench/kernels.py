@@ -54,7 +54,9 @@ def _forms(w: torch.Tensor, isa: str) -> dict[str, tuple[list, Callable]]:
     INT4 weight-only kernels, as the quant plugin uses). With AVX-512, "bf16_pairs": the BF16
     weight packed as pairs, which the fused step multiplies there (gemm_packed.h), against
     oneDNN's BF16 over the unpacked weight (without BF16 dot products, torch's float32 matmul:
-    the fast one there)."""
+    the fast one there); and "int8_pairs": the INT8 weight packed so (gemm_packed_int8.h),
+    which the step takes from kInt8PackedFromRows rows, against torch's INT8 kernel. A pairs
+    form's tensors are its packing, then the form it packs."""
     int8 = Int8Linear.quantize(w)
     bf16 = w.bfloat16()
     forms = {"bf16": ([bf16], lambda t: lambda x: F.linear(x, t[0])),
@@ -64,6 +66,9 @@ def _forms(w: torch.Tensor, isa: str) -> dict[str, tuple[list, Callable]]:
         peer = ((lambda t: lambda x: F.linear(x, t[1])) if isa == "avx512bf16"
                 else (lambda t: _float32_peer(t[1:])))
         forms["bf16_pairs"] = ([pack_pairs([bf16]), bf16], peer)
+        int8_form = weight_form(int8)
+        forms["int8_pairs"] = ([pack_pairs(int8_form), *int8_form],
+                               lambda t: Int8Linear(t[1], t[2]).linear)
     if HAS_INT4_KERNEL:  # both read torch's INT4 packing
         int4 = Int4Linear.quantize(w, 32)
         forms["int4"] = (weight_form(int4), lambda t: Int4Linear(t[0], t[1], 32).linear)
@@ -83,11 +88,12 @@ def shape_rates(rows_list: list[int], reps: int) -> dict[str, dict]:
     for name, (n, k) in SHAPES.items():
         out[name] = {"shape": [n, k], "forms": {}}
         for form, (tensors, make_peer) in _forms(torch.randn(n, k) * 0.05, kernel.isa).items():
-            pairs = form == "bf16_pairs"
-            matmul = (lambda x, c: kernel.linear_packed(x, c[0])) if pairs else kernel.linear
+            pairs = form.endswith("_pairs")
+            matmul = (lambda x, c: kernel.linear(x, c[1:], c[0])) if pairs else kernel.linear
             # the bytes the fused step reads: an INT4 form also names its packing's rows per
-            # block (an int), and the pairs form carries the unpacked weight for torch's peer
-            read = tensors[:1] if pairs else tensors
+            # block (an int), and a pairs form carries the unpacked weight for the kernel's
+            # checks and torch's peer (its scales are read)
+            read = [tensors[0], *tensors[2:]] if pairs else tensors
             nbytes = sum(x.nbytes for x in read if isinstance(x, torch.Tensor))
             copies = -(-STREAM_BYTES // nbytes)
             native_copies = [[x.clone() if isinstance(x, torch.Tensor) else x for x in tensors]

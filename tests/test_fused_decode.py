@@ -486,12 +486,50 @@ def test_a_rows_packed_product_does_not_depend_on_the_rows_beside_it(pairs_kerne
         assert torch.equal(alone, together[start:start + rows])
 
 
-def test_only_bf16_weights_of_whole_blocks_are_packed_as_pairs():
+def test_only_bf16_and_int8_weights_of_whole_blocks_are_packed_as_pairs():
     assert pack_pairs([torch.zeros(128, 32, dtype=torch.bfloat16)]).shape == (2, 16, 64, 2)
     assert pack_pairs([torch.zeros(96, 32, dtype=torch.bfloat16)]).numel() == 0
     assert pack_pairs([torch.zeros(128, 48, dtype=torch.bfloat16)]).numel() == 0  # K: 32s
     assert pack_pairs([torch.zeros(128, 32)]).numel() == 0  # float32
+    int8 = pack_pairs([torch.zeros(128, 64, dtype=torch.int8), torch.ones(128)])
+    assert int8.shape == (2, 32, 64, 2) and int8.dtype == torch.int8
     assert pack_pairs([torch.zeros(128, 32, dtype=torch.int8), torch.ones(128)]).numel() == 0
+    int4 = [torch.zeros(128, 32, dtype=torch.uint8), torch.ones(2, 128, 2), 64]
+    assert pack_pairs(int4).numel() == 0
+
+
+def test_int8_pairs_give_the_row_major_tiles_bits_at_every_row_count(pairs_kernel):
+    # gemm_packed_int8.h sums the same integers as gemv_int8.h's tiles, so a row's output is
+    # the same bits whichever kernel its step's row count picks. K of 1152 crosses the
+    # int32 lanes' span (512 columns) twice and ends inside a third.
+    g = torch.Generator().manual_seed(7)
+    form = weight_form(Int8Linear.quantize(torch.randn(192, 1152, generator=g)))
+    pairs = pack_pairs(form)
+    x = torch.randn(70, 1152, generator=g).bfloat16()
+    together = pairs_kernel.linear(x, form, pairs)
+    for start, rows in [(0, 1), (3, 2), (5, 3), (8, 4), (12, 7), (20, 48), (69, 1)]:
+        part = x[start:start + rows].contiguous()
+        assert torch.equal(pairs_kernel.linear(part, form), together[start:start + rows])
+        assert torch.equal(pairs_kernel.linear(part, form, pairs), together[start:start + rows])
+
+
+def test_int8_pairs_sums_at_their_largest_stay_exact(pairs_kernel):
+    # As test_int8_sums_at_their_largest_stay_exact, over the packed kernel: 8448 columns is
+    # 16.5 spans of int32 lanes, each at the top of its range.
+    k = 8448
+    weight, scales = weight_form(QUANTIZERS["int8"](-torch.ones(64, k)))
+    x = torch.ones(6, k).bfloat16()
+    out = pairs_kernel.linear(x, [weight, scales], pack_pairs([weight, scales]))
+    exact = (-127 * k * scales.double()).float()
+    torch.testing.assert_close(out, exact.expand(6, 64), rtol=1e-6, atol=0)
+
+
+def test_int8_pairs_reject_a_mismatched_packing(pairs_kernel):
+    form = weight_form(Int8Linear.quantize(torch.randn(128, 128)))
+    x = torch.zeros(4, 128, dtype=torch.bfloat16)
+    other = pack_pairs(weight_form(Int8Linear.quantize(torch.randn(64, 128))))
+    with pytest.raises(RuntimeError, match="packed INT8 pairs"):
+        pairs_kernel.linear(x, form, other)
 
 
 def test_packed_pairs_reject_a_mismatched_weight(pairs_kernel):

@@ -109,25 +109,17 @@ inline void packed_rows(int64_t mr, const PackedX* x, int64_t ldx, const uint16_
   }
 }
 
-// x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_pairs in
-// llama_decode.py), out [m, n] float32. Threads split the blocks and, with many rows, the rows
-// too. A work item's rows go in tiles of as even a size as kPackedRows allow (32 rows in tiles
-// of six: 6 x 5 + 2 x 1 would leave two-row tiles, which wait on their weight loads; 4 x 5 +
-// 2 x 6 does not).
-inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
-                             int64_t n, float* out) {
-  if (k % 32 == 0 && amx_usable()) return gemm_packed_amx(x, m, k, packed, n, out);
-#if defined(__AVX512BF16__)
-  const PackedX* xs = x;
-#else
-  thread_local std::vector<float> widened;  // x as float32: grows to the largest step's
-  widened.resize(m * k);
-  for (int64_t i = 0; i < m * k; i += simd::kWidth)
-    simd::vstore(widened.data() + i, simd::vload_bf16(x + i));
-  const PackedX* xs = widened.data();
-#endif
-  const int64_t blocks = n / kPackedCols, pairs = k / 2;
-  const int64_t block_len = pairs * kPackedCols * 2;
+// Runs tiles(mr, r, b, block, ahead, lines) over a packed weight's n / 64 blocks (each
+// block_bytes long, `pairs` pairs of K) and m rows of x, in tiles of at most kPackedRows rows
+// starting at row r: the threads split the blocks and, with many rows, the rows too. A work
+// item's rows go in tiles of as even a size as kPackedRows allow (32 rows in tiles of six:
+// 6 x 5 + 2 x 1 would leave two-row tiles, which wait on their weight loads; 4 x 5 + 2 x 6
+// does not). `ahead` is where the tile's prefetches start and `lines` how many cache lines
+// past it each pair of K asks for (packed_tile).
+template <typename Tiles>
+inline void over_packed_tiles(int64_t m, int64_t n, int64_t pairs, const char* packed,
+                              int64_t block_bytes, int64_t lines_per_pair, Tiles tiles) {
+  const int64_t blocks = n / kPackedCols;
   // Rows per work item: all of them up to 8 tiles' worth (48; 40 with 5-row tiles: a block's
   // weight stays in L2 between tiles), else chunks of at most that, so prompt-sized steps
   // spread over the threads however few blocks.
@@ -145,21 +137,43 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
       const int64_t b = item / chunks, r0 = (item % chunks) * chunk_rows;
       const int64_t rows = std::min(m, r0 + chunk_rows) - r0;
       if (rows <= 0) continue;
-      const int64_t tiles = (rows + kPackedRows - 1) / kPackedRows;
-      const int64_t lines = (kLinesPerPair + tiles - 1) / tiles;
-      const uint16_t* block = packed + b * block_len;
-      // One tile streams its block from memory: it asks for what it reads kStreamAhead values
-      // on (gemv.h); several fetch the next block between them.
-      const char* next = reinterpret_cast<const char*>(tiles == 1 ? block + kStreamAhead
-                                                                  : block + block_len);
-      for (int64_t t = 0, r = r0; t < tiles; ++t) {
-        const int64_t mr = rows / tiles + (t < rows % tiles);
-        packed_rows(mr, xs + r * k, k, block, pairs, out + r * n + b * kPackedCols, n,
-                    next + t * pairs * lines * 64, lines);
+      const int64_t count = (rows + kPackedRows - 1) / kPackedRows;
+      const int64_t lines = (lines_per_pair + count - 1) / count;
+      const char* block = packed + b * block_bytes;
+      // One tile streams its block from memory: it asks for what it reads kStreamAhead BF16
+      // values' bytes on (gemv.h); several fetch the next block between them.
+      const char* next = count == 1 ? block + kStreamAhead * 2 : block + block_bytes;
+      for (int64_t t = 0, r = r0; t < count; ++t) {
+        const int64_t mr = rows / count + (t < rows % count);
+        tiles(mr, r, b, block, next + t * pairs * lines * 64, lines);
         r += mr;
       }
     }
   });
+}
+
+// x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_pairs in
+// llama_decode.py), out [m, n] float32.
+inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
+                             int64_t n, float* out) {
+  if (k % 32 == 0 && amx_usable()) return gemm_packed_amx(x, m, k, packed, n, out);
+#if defined(__AVX512BF16__)
+  const PackedX* xs = x;
+#else
+  thread_local std::vector<float> widened;  // x as float32: grows to the largest step's
+  widened.resize(m * k);
+  for (int64_t i = 0; i < m * k; i += simd::kWidth)
+    simd::vstore(widened.data() + i, simd::vload_bf16(x + i));
+  const PackedX* xs = widened.data();
+#endif
+  const int64_t pairs = k / 2;
+  over_packed_tiles(m, n, pairs, reinterpret_cast<const char*>(packed), pairs * kPackedCols * 4,
+                    kLinesPerPair,
+                    [&](int64_t mr, int64_t r, int64_t b, const char* block, const char* ahead,
+                        int64_t lines) {
+                      packed_rows(mr, xs + r * k, k, reinterpret_cast<const uint16_t*>(block),
+                                  pairs, out + r * n + b * kPackedCols, n, ahead, lines);
+                    });
 }
 #else
 constexpr bool kHasPacked = false;

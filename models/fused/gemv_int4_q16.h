@@ -26,11 +26,11 @@ constexpr int64_t kInt4Ahead = 8192;  // bytes: how far ahead a block asks for i
 // row, where widening to float32 costs 20 and 8 FMAs.
 constexpr int64_t kInt4IntegerBlock = 64;
 using Words = __m512i;
+using Sums = Sums16;
 constexpr int kWordRows[4] = {0, 32, 16, 48};  // first row of each word vector's 16
 
-inline Words zero_words() { return _mm512_setzero_si512(); }
 inline Words pair_words(int32_t pair) { return _mm512_set1_epi32(pair); }
-inline vf words_as_float(Words v) { return _mm512_cvtepi32_ps(v); }
+inline vf sums_as_float(Sums v) { return _mm512_cvtepi32_ps((__m512i)v); }
 
 // Byte indices: word i of the result takes row 16 * half + i's byte of column c (line byte
 // 16 * half + i) and of column c + 1 (line byte 32 + 16 * half + i); odd bytes are masked off.
@@ -69,11 +69,11 @@ struct ColumnPairs {
 // rows 1.1-1.2x as fast as it.
 constexpr int64_t kInt4IntegerBlock = 32;
 using Words = __m256i;
+using Sums = Sums8;
 constexpr int kWordRows[4] = {0, 8, 16, 24};  // first row of each word vector's 8
 
-inline Words zero_words() { return _mm256_setzero_si256(); }
 inline Words pair_words(int32_t pair) { return _mm256_set1_epi32(pair); }
-inline vf words_as_float(Words v) { return _mm256_cvtepi32_ps(v); }
+inline vf sums_as_float(Sums v) { return _mm256_cvtepi32_ps((__m256i)v); }
 
 struct ColumnPairs {
   const __m256i nibble = _mm256_set1_epi16(0xF);
@@ -102,9 +102,9 @@ inline void block_int4_q16(const int16_t* xq, const float* xscale, const float* 
   for (int j = 0; j < MB; ++j)
     for (int v = 0; v < 4; ++v) vstore(out + j * n_out + r0 + kWordRows[v], vzero());
   for (int64_t g = 0; g < groups; ++g) {
-    Words acc[4][MB];
+    Sums acc[4][MB];
     for (auto& row : acc)
-      for (auto& a : row) a = zero_words();
+      for (auto& a : row) a = Sums{};
     for (int64_t c = g * group; c < (g + 1) * group; c += 2) {
       const uint8_t* line = wb + c * col_bytes;
       _mm_prefetch(reinterpret_cast<const char*>(line) + kInt4Ahead, _MM_HINT_T1);
@@ -129,7 +129,7 @@ inline void block_int4_q16(const int16_t* xq, const float* xscale, const float* 
       const vf offset = vsub(zero, vmul(vset1(8.f), scale));
       for (int j = 0; j < MB; ++j) {
         float* total = out + j * n_out + r0 + kWordRows[v];
-        vstore(total, vfmadd(words_as_float(acc[v][j]), scale,
+        vstore(total, vfmadd(sums_as_float(acc[v][j]), scale,
                              vfmadd(offset, vset1(xqsum[j * groups + g]), vload(total))));
       }
     }

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "gemm_int8_amx.h"
+#include "gemm_packed_int8.h"
 #include "gemv.h"
 #include "x_integers.h"
 
@@ -65,10 +66,10 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
                           const uint16_t* scales, int64_t k, int64_t n0, float* out,
                           int64_t n_out) {
   constexpr int P = MB <= 2 ? 2 : 1;
-  __m512i acc[P][kTileRows][MB];
+  Sums16 acc[P][kTileRows][MB];
   for (auto& set : acc)
     for (auto& row : set)
-      for (auto& a : row) a = _mm512_setzero_si512();
+      for (auto& a : row) a = Sums16{};
   // As the float tile below: the bytes kInt8Ahead past this tile's share, along one sequence.
   const char* ahead = reinterpret_cast<const char*>(w + n0 * k) + kInt8Ahead;
   for (int64_t c = 0; c < k; c += kInt8Line)
@@ -86,9 +87,9 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
   const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
       _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
   auto lanes = [&](int i, int j) {
-    __m512i sum = acc[0][i][j];
-    if constexpr (P == 2) sum = _mm512_add_epi32(sum, acc[1][i][j]);
-    return sum;
+    Sums16 sum = acc[0][i][j];
+    if constexpr (P == 2) sum += acc[1][i][j];
+    return (__m512i)sum;
   };
   for (int j = 0; j < MB; ++j)
     _mm_storeu_ps(out + j * n_out + n0,
@@ -123,9 +124,9 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
   int64_t total[kTileRows][MB] = {};
   const char* ahead = reinterpret_cast<const char*>(w + n0 * k) + kInt8Ahead;
   for (int64_t c0 = 0; c0 < k; c0 += kInt8Span) {
-    __m256i acc[kTileRows][MB];
+    Sums8 acc[kTileRows][MB];
     for (auto& row : acc)
-      for (auto& a : row) a = _mm256_setzero_si256();
+      for (auto& a : row) a = Sums8{};
     for (int64_t c = c0; c < std::min(k, c0 + kInt8Span); c += kInt8Line)
       for (int i = 0; i < kTileRows; ++i) {
         _mm_prefetch(ahead + c * kTileRows + i * kInt8Line, _MM_HINT_T1);
@@ -138,7 +139,7 @@ inline void tile_int8_q16(const int16_t* xq, const float* xscale, const int8_t* 
         }
       }
     for (int i = 0; i < kTileRows; ++i)
-      for (int j = 0; j < MB; ++j) total[i][j] += lanes_total(acc[i][j]);
+      for (int j = 0; j < MB; ++j) total[i][j] += lanes_total((__m256i)acc[i][j]);
   }
   const __m128 s = _mm_castsi128_ps(_mm_slli_epi32(
       _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + n0))), 16));
@@ -209,9 +210,11 @@ inline void tile_int8(const float* xf, const int8_t* w, const uint16_t* scales, 
 #endif
 
 // x [m, k] BF16, w [n, k] INT8, scales [n] BF16 bits, out [m, n] float32; n % 4 == 0,
-// k % 16 == 0. scratch: room for m * k floats.
+// k % 16 == 0. scratch: room for m * k floats. packed: w packed as pairs
+// (gemm_packed_int8.h), or null.
 inline void gemv_int8(const c10::BFloat16* x, int64_t m, int64_t k, const int8_t* w,
-                      const uint16_t* scales, int64_t n, float* out, float* scratch) {
+                      const uint16_t* scales, int64_t n, float* out, float* scratch,
+                      const int8_t* packed = nullptr) {
 #if defined(EDGEFIRE_X_INTEGERS)
   if (k % kInt8Line == 0) {
     // m * k words, then m scales: within m * k floats
@@ -222,6 +225,8 @@ inline void gemv_int8(const c10::BFloat16* x, int64_t m, int64_t k, const int8_t
     if (m >= kInt8AmxFromRows && n % kInt8AmxRows == 0 && k <= kInt8AmxMaxK &&
         amx_int8_usable())
       return gemm_int8_amx(xq, xscale, m, k, w, scales, n, out);
+    if (packed != nullptr && m >= kInt8PackedFromRows)
+      return gemm_packed_int8(xq, xscale, m, k, packed, scales, n, out);
 #endif
     over_tiles(m, n, [&](int64_t mb, int64_t m0, int64_t n0) {
       with_rows(mb, [&](auto rows) {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +55,9 @@ class LlamaDecode {
   // forms[p][layer]: projection p's (qkv, o, gate_up, down) weight in each layer, as Proj's
   // tensors.
   // embed: the embedding table as a Proj form (BF16, or a codec's row decoder).
-  // packed[p][layer]: BF16 weights as this build's packing lays them out (Proj::set_packed:
-  // pairs for gemm_packed.h, panels for gemm_panels.h; empty tensors where none), or no lists.
+  // packed[p][layer]: BF16 and INT8 weights as this build's packing lays them out
+  // (Proj::set_packed: pairs for gemm_packed.h and gemm_packed_int8.h, panels for
+  // gemm_panels.h; empty tensors where none), or no lists.
   LlamaDecode(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter,
               double eps, std::vector<pybind11::object> embed,
               std::vector<torch::Tensor> attn_norm, std::vector<torch::Tensor> mlp_norm,
@@ -217,14 +219,17 @@ class LlamaDecode {
 };
 
 // x [m, k] bfloat16 @ one weight in any of Proj's forms -> [m, n] float32: the LM head's
-// logits, and each form's matmul alone for tests and bench/kernels.py.
-torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form) {
+// logits, and each form's matmul alone for tests and bench/kernels.py; packed: the weight's
+// packing (Proj::set_packed), if any.
+torch::Tensor linear(torch::Tensor x, std::vector<pybind11::object> form,
+                     std::optional<torch::Tensor> packed) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
               "x: contiguous bfloat16 [m, k]");
   const int64_t m = x.size(0), k = x.size(1), n = form_rows(form);
   TORCH_CHECK(n % edgefire::fused::kTileRows == 0 && k % edgefire::fused::kChunk == 0,
               "weight rows % 4 == 0, k % 32 == 0");
-  const Proj proj(form, n, k, "w");
+  Proj proj(form, n, k, "w");
+  if (packed) proj.set_packed(*packed);
   std::vector<bf16> rows(x.data_ptr<bf16>(), x.data_ptr<bf16>() + m * k);
   std::vector<float> xf(m * k), xsum(m * k);
   auto out = torch::empty({m, n}, x.options().dtype(torch::kFloat32));
@@ -300,7 +305,8 @@ torch::Tensor round_bf16(torch::Tensor x) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear);
+  m.def("linear", &linear, pybind11::arg("x"), pybind11::arg("form"),
+        pybind11::arg("packed") = pybind11::none());
   m.def("round_bf16", &round_bf16);
   m.def("linear_packed", &linear_packed);
   m.def("linear_panels", &linear_panels);

@@ -90,7 +90,8 @@ class FusedLlamaDecode:
         embed = weight_form(weights.embed)
         # With AVX-512, BF16 weights are multiplied over a copy packed as pairs (gemm_packed.h:
         # BF16 dot products, or without them the pairs widened to float32) at every row count
-        # the step's own kernels take.
+        # the step's own kernels take, and INT8 weights over such a copy from two rows
+        # (gemm_packed_int8.h: 16-bit integer dot products, the row-major tiles' integers).
         pairs = kernel.isa in ("avx512bf16", "avx512")
         # On AVX2 the decode rows stay on gemv.h's tiles (they read the BF16 weight, half
         # float32's bytes, at one row) and a step's prompt rows multiply over panels
@@ -176,9 +177,7 @@ class FusedLlamaDecode:
         them."""
         rows = hidden.shape[0]
         if 0 < rows <= self.max_rows:
-            if self.lm_head_pairs.numel():
-                return self.kernel.linear_packed(hidden.contiguous(), self.lm_head_pairs)
-            return self.kernel.linear(hidden.contiguous(), self.lm_head)
+            return self.kernel.linear(hidden.contiguous(), self.lm_head, self.lm_head_pairs)
         return None
 
 
@@ -188,13 +187,16 @@ PAIR_COLS = 64  # output columns a packed block holds (gemm_packed.h's kPackedCo
 
 
 def pack_pairs(form: list[Any]) -> torch.Tensor:
-    """A BF16 weight [n, k] as gemm_packed.h reads it, [n / 64, k / 2, 64, 2]: each block of 64
-    output columns holds, for each pair of K, the 64 columns' two values side by side. A
-    second copy of the weight (SmolLM2: 269 MB with the LM head); _UNPACKED for other forms
-    and shapes (K in whole 32-value chunks, as the step's kernels take it: without BF16 dot
-    products the kernel widens x a vector at a time)."""
-    w = form[0] if len(form) == 1 else None
-    if not _is_bf16(w) or w.shape[0] % PAIR_COLS or w.shape[1] % 32:
+    """A BF16 weight [n, k] as gemm_packed.h reads it, or an INT8 one (weight, scales) as
+    gemm_packed_int8.h does, [n / 64, k / 2, 64, 2]: each block of 64 output columns holds,
+    for each pair of K, the 64 columns' two values side by side. A second copy of the weight
+    (SmolLM2: 269 MB with the LM head in BF16); _UNPACKED for other forms and shapes (K in
+    whole 32-value chunks, as the step's kernels take it: without BF16 dot products the
+    kernel widens x a vector at a time; INT8 in whole 64-value lines, as its integer tiles)."""
+    w = form[0] if len(form) <= 2 else None
+    bf16 = len(form) == 1 and _is_bf16(w)
+    int8 = len(form) == 2 and isinstance(w, torch.Tensor) and w.dtype == torch.int8
+    if not (bf16 or int8) or w.shape[0] % PAIR_COLS or w.shape[1] % (32 if bf16 else 64):
         return _UNPACKED
     n, k = w.shape
     return w.view(n // PAIR_COLS, PAIR_COLS, k // 2, 2).permute(0, 2, 1, 3).contiguous()

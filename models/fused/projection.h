@@ -36,6 +36,7 @@ inline void check_weight(const torch::Tensor& w, int64_t rows, int64_t cols, con
 struct Proj {
   torch::Tensor w, scales;
   torch::Tensor pairs;   // optional: a BF16 w packed for gemm_packed.h (AVX-512)
+  torch::Tensor int8_pairs;  // optional: an INT8 w packed for gemm_packed_int8.h (AVX-512)
   torch::Tensor panels;  // optional: a BF16 w packed for gemm_panels.h (AVX2)
   int64_t group = 0, block = 0;  // INT4: columns per scale, rows per packing block
   const RowDecoder* decoder = nullptr;
@@ -99,7 +100,8 @@ struct Proj {
     } else if (!scales.defined()) {
       gemv_bf16(reinterpret_cast<const uint16_t*>(x.data()), m, k, bits(w), n, out);
     } else if (group == 0) {
-      gemv_int8(x.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out, xf.data());
+      gemv_int8(x.data(), m, k, w.data_ptr<int8_t>(), bits(scales), n, out, xf.data(),
+                int8_pairs.defined() ? int8_pairs.data_ptr<int8_t>() : nullptr);
     } else {
       gemv_int4(x.data(), m, k, group, block, w.data_ptr<uint8_t>(), bits(scales), n, out,
                 xf.data(), xsum.data());
@@ -161,9 +163,19 @@ struct Proj {
   }
 
   // p: w as this build's packing lays it out (llama_decode.py): pairs (pack_pairs) with
-  // AVX-512, panels (pack_panels) on AVX2; or an empty tensor for none.
+  // AVX-512, of BF16 or INT8 weights, panels (pack_panels) on AVX2; or an empty tensor for none.
   void set_packed(const torch::Tensor& p) {
     if (p.numel() == 0) return;
+    if (p.scalar_type() == torch::kChar) {
+      TORCH_CHECK(kHasPackedInt8 && scales.defined() && group == 0 && p.is_contiguous() &&
+                      p.dim() == 4 && p.size(0) * p.size(2) == w.size(0) &&
+                      p.size(1) * 2 == w.size(1) && w.size(1) % kInt8Line == 0 &&
+                      p.size(2) == kPackedCols && p.size(3) == 2,
+                  "packed INT8 pairs: contiguous int8 [n / 64, k / 2, 64, 2] of an INT8 "
+                  "weight, k % 64 == 0, on CPUs with AVX-512");
+      int8_pairs = p;
+      return;
+    }
     TORCH_CHECK((kHasPacked || kHasPanels) && !scales.defined() && decoder == nullptr &&
                     w.defined() && p.scalar_type() == torch::kBFloat16 && p.is_contiguous(),
                 "packed weights: contiguous bfloat16, for BF16 weights, on CPUs with AVX2");

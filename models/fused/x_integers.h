@@ -21,16 +21,26 @@ namespace edgefire::fused {
 #define EDGEFIRE_X_INTEGERS 1
 using namespace edgefire::simd;
 
+// The kernels' int32 sums, typed as vectors of int32 (GCC's __v8si, __v16si) rather than
+// __m256i / __m512i (vectors of int64). Why: GCC 12 does not keep an array of __m512i sums in
+// registers across the int32 instructions that update them (each is viewed as int32 lanes and
+// back): it moved every sum into a spare register and out again around each dot product and
+// spilled the rest to the stack, in the INT8 and INT4 tiles alike. Typed as the lanes the
+// instructions work on, the sums stay in their registers (the 6 x 4 tile of
+// gemm_packed_int8.h: 24 dot products, 4 sign-extensions and 6 broadcasts a pair of K, no
+// moves).
+using Sums8 = __v8si;
 // acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1] in each 32-bit lane i, a and b 16-bit integers.
-inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+inline Sums8 dot_words(Sums8 acc, __m256i a, __m256i b) {
+  return (Sums8)_mm256_add_epi32((__m256i)acc, _mm256_madd_epi16(a, b));
 }
 #if defined(__AVX512BW__)
-inline __m512i dot_words(__m512i acc, __m512i a, __m512i b) {
+using Sums16 = __v16si;
+inline Sums16 dot_words(Sums16 acc, __m512i a, __m512i b) {
 #if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, a, b);
+  return (Sums16)_mm512_dpwssd_epi32((__m512i)acc, a, b);
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+  return (Sums16)_mm512_add_epi32((__m512i)acc, _mm512_madd_epi16(a, b));
 #endif
 }
 
