@@ -141,28 +141,32 @@ def run_edgefire(llm: LLM, workloads: dict[int, list[list[int]]], max_new: int,
                  seed: int) -> dict[str, dict]:
     encode = _encoder(llm)
     drive(llm, make_prompts(encode, [64, 200], seed + 2, "warmup"), 4, "warmup")
-    per_c = {}
-    for c, prompts in workloads.items():
-        # Same lengths, different text: the prefix cache must not serve the main run.
-        prefill_prompts = make_prompts(encode, [len(p) for p in prompts], seed + 1, f"pf{c}")
-        prefill = drive(llm, prefill_prompts, 1, f"prefill-c{c}")
-        spec = llm.engine.speculator
-        before = (spec.num_steps, spec.num_proposed, spec.num_accepted)
-        trace = drive(llm, prompts, max_new, f"run-c{c}")
-        per_c[str(c)] = summarize(trace, prefill, prompts, sum(map(len, prefill_prompts)))
-        steps, proposed, accepted = (now - was for now, was in zip(
-            (spec.num_steps, spec.num_proposed, spec.num_accepted), before, strict=True))
-        per_c[str(c)]["speculative"] = {
-            "mode": spec.config.mode, "verify_steps": steps, "proposed": proposed,
-            "accepted": accepted, "acceptance": round(accepted / proposed, 3) if proposed else None}
-        row = per_c[str(c)]
-        log(f"edgefire C={c}: out {row['output_tok_s']} tok/s, prefill {row['prefill_tok_s']} "
-            f"tok/s, TTFT {row['ttft_ms']} ms, ITL {row['itl_ms']} ms, "
-            f"drafts {row['speculative']}")
+    per_c = {str(c): run_concurrency(llm, prompts, c, max_new, seed)
+             for c, prompts in workloads.items()}
     if "1" in per_c and llm.engine.speculator.config.mode != "off":
         per_c["1"]["without_speculation"] = without_drafts(llm, workloads[1], max_new)
         log(f"edgefire C=1 without drafts: {per_c['1']['without_speculation']}")
     return per_c
+
+
+def run_concurrency(llm: LLM, prompts: list[list[int]], c: int, max_new: int, seed: int,
+                    label: str = "edgefire") -> dict:
+    """One concurrency's workload: its prefill alone (prompts of the same lengths, other text:
+    the prefix cache must not serve the main run), then the run itself, with its drafts."""
+    prefill_prompts = make_prompts(_encoder(llm), [len(p) for p in prompts], seed + 1, f"pf{c}")
+    prefill = drive(llm, prefill_prompts, 1, f"prefill-c{c}")
+    spec = llm.engine.speculator
+    before = (spec.num_steps, spec.num_proposed, spec.num_accepted)
+    trace = drive(llm, prompts, max_new, f"run-c{c}")
+    row = summarize(trace, prefill, prompts, sum(map(len, prefill_prompts)))
+    steps, proposed, accepted = (now - was for now, was in zip(
+        (spec.num_steps, spec.num_proposed, spec.num_accepted), before, strict=True))
+    row["speculative"] = {
+        "mode": spec.config.mode, "verify_steps": steps, "proposed": proposed,
+        "accepted": accepted, "acceptance": round(accepted / proposed, 3) if proposed else None}
+    log(f"{label} C={c}: out {row['output_tok_s']} tok/s, prefill {row['prefill_tok_s']} "
+        f"tok/s, TTFT {row['ttft_ms']} ms, ITL {row['itl_ms']} ms, drafts {row['speculative']}")
+    return row
 
 
 def without_drafts(llm: LLM, prompts: list[list[int]], max_new: int) -> dict:
@@ -178,9 +182,12 @@ def without_drafts(llm: LLM, prompts: list[list[int]], max_new: int) -> dict:
 
 
 def run_quantized(model_id: str, suffixes: list[str], config: EngineConfig,
-                  prompts: list[list[int]], max_new: int, seed: int) -> dict[str, dict]:
+                  prompts: list[list[int]], max_new: int, seed: int,
+                  batch: tuple[int, list[list[int]]] | None) -> dict[str, dict]:
     """Single-stream decode of each quantized variant (the catalog's `<model>-<suffix>`), with
-    the default drafts and without, over the C=1 workload."""
+    the default drafts and without, over the C=1 workload; and `batch`'s workload (the
+    reference concurrency), as the dense weights run it, for the batched ratios at equal
+    precision (engine_report.py)."""
     out = {}
     for suffix in suffixes:
         llm = LLM(f"{model_id}-{suffix}", engine_config=config)
@@ -192,6 +199,10 @@ def run_quantized(model_id: str, suffixes: list[str], config: EngineConfig,
                        "per_request_decode_tok_s": row["per_request_decode_tok_s"],
                        "without_speculation": without_drafts(llm, prompts, max_new)}
         log(f"edgefire {suffix} C=1: {out[suffix]}")
+        if batch is not None:
+            c, batch_prompts = batch
+            out[suffix]["batch"] = {"concurrency": c, **run_concurrency(
+                llm, batch_prompts, c, max_new, seed, f"edgefire {suffix}")}
         del llm
         gc.collect()
     return out
@@ -275,7 +286,8 @@ def main() -> None:
     gc.collect()
     if 1 in workloads and spec.id == MODEL:
         edgefire["quantized"] = run_quantized(spec.id, args.quantized, config, workloads[1],
-                                              args.max_new_tokens, args.seed)
+                                              args.max_new_tokens, args.seed,
+                                              (ref_c, workloads[ref_c]) if ref_c > 1 else None)
     result = {
         "bench": "engine", "model": spec.id, "gguf": str(gguf) if gguf else None,
         "miniature": spec.miniature, "kv_bytes_per_token": kv, "quick": args.quick,

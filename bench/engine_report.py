@@ -15,6 +15,10 @@ from bench._common import markdown_table, ratio
 # single_decode_no_drafts_vs_llama_cpp is the same stream with them off.
 # The quantized variants (INT8, INT4) are timed single stream in the same run against the same
 # llama.cpp figure: single_decode_<variant>_vs_llama_cpp, with drafts and without.
+# They also run the reference concurrency's workload (no target): batch_<variant>_vs_llama_cpp
+# and batch_decode_<variant>_vs_llama_cpp against llama.cpp's best, and the same against the
+# variant of the nearest precision (EQUAL_PRECISION: INT8 per row against Q8_0's per 32
+# values, INT4 in groups of 32 against Q4_1's), _vs_<variant>.
 # c64_decode_of_gemm_roofline is not a ratio against a peer: C=64's decode rate times the
 # model's matmul FLOPs per token, as a fraction of the BF16 GEMM throughput measured beside it.
 # Beside it (no target), c64_memory_floor_of_gemm_roofline: the most that fraction could be if
@@ -23,6 +27,7 @@ TARGETS = {"single_decode_vs_llama_cpp": 1.0, "single_decode_int8_vs_llama_cpp":
            "single_decode_int4_vs_llama_cpp": 1.5, "batch_vs_llama_cpp": 2.0,
            "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5,
            "c64_decode_of_gemm_roofline": 0.5}
+EQUAL_PRECISION = {"int8": "q8_0", "int4": "q4_1"}
 
 
 def _get(d: dict | None, *keys: str) -> float | None:
@@ -37,6 +42,28 @@ def _best(ll: dict, *keys: str) -> tuple[float | None, str | None]:
     """llama.cpp's best value for a metric over its variants, and the variant that gave it."""
     entry = _get(ll, "best", *keys)
     return (entry["value"], entry["variant"]) if isinstance(entry, dict) else (None, None)
+
+
+def _variant(ll: dict, variant: str, *keys: str) -> tuple[float | None, str | None]:
+    """One llama.cpp variant's value for a metric, named as _best names its variant."""
+    value = _get(ll, "variants", variant, *keys)
+    return (value, variant) if value is not None else (None, None)
+
+
+def _quantized_batch(result: dict, ll: dict, ref: str) -> dict:
+    """The quantized variants' batched ratios (the comment above TARGETS says which)."""
+    pairs = {}
+    for variant, q in result["edgefire"].get("quantized", {}).items():
+        if _get(q, "batch", "concurrency") != int(ref):
+            continue
+        peer = EQUAL_PRECISION.get(variant)
+        for metric, name in (("output_tok_s", "batch"), ("decode_tok_s", "batch_decode")):
+            ours = _get(q, "batch", metric)
+            pairs[f"{name}_{variant}_vs_llama_cpp"] = (ours, _best(ll, "batched", ref, metric))
+            if peer is not None:
+                pairs[f"{name}_{variant}_vs_{peer}"] = (
+                    ours, _variant(ll, peer, "batched", ref, metric))
+    return pairs
 
 
 def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
@@ -69,6 +96,7 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
                                     _best(ll, "batched", ref, "decode_tok_s")),
         "prefill_c1_vs_llama_cpp_single": (_get(ef, "1", "prefill_tok_s"),
                                            _best(ll, "single", "prefill_tok_s")),
+        **_quantized_batch(result, ll, ref),
     }
     ratios: dict = {"reference_concurrency": ref_c}
     ratios |= {name: ratio(ours, theirs[0]) for name, (ours, theirs) in pairs.items()}
@@ -145,9 +173,11 @@ def render_markdown(result: dict) -> str:
                                                  "prefill_tok_s"))]
          for name, v in (ll.get("variants") or {}).items() if v.get("available")])
     quantized = markdown_table(
-        ["weights", "weight MB", "single decode tok/s", "without drafts"],
+        ["weights", "weight MB", "single decode tok/s", "without drafts", f"C={ref} out tok/s",
+         f"C={ref} decode tok/s"],
         [[f"{name} ({q['weight_precision']})", round(q["weight_bytes"] / 1e6, 1),
-          q["per_request_decode_tok_s"], q["without_speculation"]["per_request_decode_tok_s"]]
+          q["per_request_decode_tok_s"], q["without_speculation"]["per_request_decode_tok_s"],
+          _get(q, "batch", "output_tok_s"), _get(q, "batch", "decode_tok_s")]
          for name, q in result["edgefire"].get("quantized", {}).items()])
     roof = result.get("roofline") or {}
     w = result["workload"]

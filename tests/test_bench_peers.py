@@ -243,6 +243,27 @@ def test_quantized_single_streams_are_against_the_same_best_figure() -> None:
         "target": 1.5, "ratio": 1.6, "met": True, "llama_cpp_variant": "q8_0"}
 
 
+def test_quantized_batches_are_against_the_best_and_the_nearest_precision() -> None:
+    ef = {"1": {"per_request_decode_tok_s": 90.0}}
+    quantized = {
+        "int8": {"per_request_decode_tok_s": 120.0,
+                 "without_speculation": {"per_request_decode_tok_s": 105.0},
+                 "batch": {"concurrency": 32, "output_tok_s": 480.0, "decode_tok_s": 840.0}},
+        # a run at another concurrency than the reference gives no batched ratio
+        "int4": {"per_request_decode_tok_s": 120.0,
+                 "without_speculation": {"per_request_decode_tok_s": 105.0},
+                 "batch": {"concurrency": 8, "output_tok_s": 1.0, "decode_tok_s": 1.0}}}
+    result = {"edgefire": {"per_concurrency": ef, "quantized": quantized},
+              "hf": {"available": False}, "llama_cpp": _llama()}
+    ratios, targets = compute_ratios(result, 32)
+    assert ratios["batch_int8_vs_llama_cpp"] == 1.5  # 480 / q8_0's 320, the best
+    assert ratios["batch_decode_int8_vs_llama_cpp"] == 2.0  # 840 / q4_1's 420
+    assert ratios["batch_decode_int8_vs_q8_0"] == 2.1  # 840 / q8_0's 400
+    assert ratios["vs_llama_cpp"]["batch_decode_int8_vs_q8_0"]["llama_cpp_variant"] == "q8_0"
+    assert not any(name.startswith("batch") and "int4" in name for name in ratios)
+    assert set(targets) == set(TARGETS)  # no targets of their own
+
+
 def test_a_tagged_run_writes_beside_the_untagged_one(tmp_path: Path, monkeypatch,
                                                      capsys) -> None:
     from bench._common import write_results
