@@ -9,6 +9,8 @@ instead of rebuilding each other's on every switch, and an edited kernel never l
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -52,13 +54,34 @@ def load_native(name: str, source: Path) -> ModuleType | None:
     if os.environ.get("EDGEFIRE_NATIVE_KERNELS", "1") == "0":
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
-        return load(name=build_name(name, source), sources=[str(source)], extra_cflags=_flags(),
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        build = build_name(name, source)
+        folder = Path(_get_build_directory(build, verbose=False))
+        with _only_builder(folder):
+            return load(name=build, sources=[str(source)], extra_cflags=_flags(),
+                        extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
     except Exception as exc:  # a missing compiler must not stop the node
         _fallback_notice(name, exc)
         return None
+
+
+@contextlib.contextmanager
+def _only_builder(folder: Path) -> Iterator[None]:
+    """Hold the build folder for this process alone, and clear a baton its last holder left.
+
+    torch's load() takes its folder's `lock` file for the build and waits, forever, while one
+    exists; a process killed in between (a node stopped while loading its kernels) leaves it,
+    and from then on every process that loads that kernel hangs. An flock is let go when its
+    process dies: whoever holds it is the only edgefire process in load() for this folder, so a
+    baton found then is a dead one's."""
+    with open(folder / "edgefire.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        baton = folder / "lock"
+        if baton.exists():
+            log.warning("removing %s, left by a process that stopped while building", baton)
+            baton.unlink(missing_ok=True)
+        yield
 
 
 def build_name(name: str, source: Path) -> str:

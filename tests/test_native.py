@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from edgefire.models.native import build_name
 
@@ -38,3 +39,26 @@ def test_build_kernels_prebuilds_every_declared_kernel():
     for name in ("edgefire_paged_decode", "edgefire_fused_decode", "edgefire_unweight_decode",
                  "edgefire_unweight_resident", "edgefire_sampling"):
         assert f"native kernel {name} ... ready" in done.stdout
+
+
+def test_a_baton_left_by_a_killed_build_does_not_hang_the_next_load():
+    # torch's load() waits while its build folder holds a `lock` file; a process killed while
+    # loading leaves one, and every later load of that kernel hung on it for good.
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from edgefire.runtime.engine.sampler import sampling_kernel
+
+    name, source = sampling_kernel.args
+    baton = Path(_get_build_directory(build_name(name, source), verbose=False)) / "lock"
+    baton.touch()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from edgefire.runtime.engine.sampler import sampling_kernel\n"
+             "assert sampling_kernel() is not None"],
+            capture_output=True, text=True, timeout=120)
+    finally:
+        left = baton.exists()
+        baton.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stderr
+    assert not left
+    assert "left by a process that stopped while building" in done.stderr
