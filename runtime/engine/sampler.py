@@ -121,7 +121,7 @@ class Sampler:
             if seq.params.has_penalties:
                 apply_penalties(logits[row], seq)
             if seq.constraint is not None:
-                logits[row].masked_fill_(~seq.constraint.allowed(), float("-inf"))
+                logits[row].masked_fill_(seq.constraint.banned(), float("-inf"))
         tokens = greedy_tokens(logits)
         # Sampled rows without drafts: one draw each, all in one call.
         plain = [row for row, seq in enumerate(seqs)

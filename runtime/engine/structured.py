@@ -1,8 +1,8 @@
 """Grammar-constrained decoding: a request's output held to a JSON Schema, token by token.
 
 llguidance compiles the schema into a matcher over this tokenizer's vocabulary; each step the
-matcher says which tokens may come next (a bitmask, ~20 µs for SmolLM2's 49k tokens), the
-sampler sets every other logit to -inf, and the sampled token advances the matcher.
+matcher says which tokens may come next (a bitmask, ~13 µs for SmolLM2's 49k tokens on the
+Xeon), the sampler sets every other logit to -inf, and the sampled token advances the matcher.
 Constrained and free requests share a batch: only constrained rows are masked.
 """
 
@@ -19,8 +19,6 @@ import torch
 from edgefire.contract.errors import InvalidInputError
 from edgefire.runtime.tokenizer import Tokenizer
 
-# Bit i of byte j of a mask says whether token 8*j + i may come next.
-_BIT = np.arange(8, dtype=np.uint8)
 # One layout, json.dumps's: with free whitespace a small model sampled at temperature 0.8
 # can spend its max_tokens on newlines and indents before the value is complete.
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -35,15 +33,18 @@ class Constraint:
         self._matcher = matcher
         self._vocab_size = vocab_size
 
-    def allowed(self) -> torch.Tensor:
-        """A bool tensor [vocab]: True for each token the grammar allows next."""
+    def banned(self) -> torch.Tensor:
+        """A bool tensor [vocab]: True for each token the grammar does not allow next."""
         packed = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
-        bits = ((packed[:, None] >> _BIT) & 1).reshape(-1).astype(bool)
+        # Bit i of byte j says whether token 8*j + i may come next. One C pass unpacks the
+        # inverted bytes: a shift per bit, broadcast, took 100 µs a mask on the Xeon, now 25.
+        banned = np.unpackbits(~packed, bitorder="little").view(bool)
+        if banned.size >= self._vocab_size:
+            return torch.from_numpy(banned[:self._vocab_size])
         # The model's vocabulary may be padded past the tokenizer's: those rows are never text.
-        allowed = np.zeros(self._vocab_size, dtype=bool)
-        n = min(len(bits), self._vocab_size)
-        allowed[:n] = bits[:n]
-        return torch.from_numpy(allowed)
+        padded = np.ones(self._vocab_size, dtype=bool)
+        padded[:banned.size] = banned
+        return torch.from_numpy(padded)
 
     def advance(self, token: int) -> None:
         # A sampled token was allowed, so this cannot fail; a stop token after the grammar
