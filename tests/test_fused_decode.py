@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from edgefire.contract.cpu import has_amx
 from edgefire.models.attention import AttentionMetadata, PrefillSpan
 from edgefire.models.fused import (
     MAX_ROWS,
@@ -107,22 +108,23 @@ def test_max_rows_past_a_few_only_where_torch_has_no_faster_gemm(monkeypatch):
 
     monkeypatch.setattr(fused, "has_amx", lambda: True)
     bf16, codec, integer = frozenset({"bf16"}), frozenset({"codec"}), frozenset({"integer"})
-    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16) == MAX_ROWS
+    assert fused.max_rows(amx_tiles=True, forms=bf16) == MAX_ROWS
     # Codecs' decoded rows on the step's tiles too (gemm_decoded_amx.h).
-    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=codec) == MAX_ROWS
-    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=bf16 | codec) == MAX_ROWS
-    # Tiles refused to this process (EDGEFIRE_AMX_TILES=0): dot products, beside torch's AMX,
-    # which outruns them past a few rows (codecs' rows decoded to BF16 on torch's path).
-    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=bf16) == MAX_ROWS_BESIDE_AMX
-    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=codec) == MAX_ROWS_BESIDE_AMX
+    assert fused.max_rows(amx_tiles=True, forms=codec) == MAX_ROWS
+    assert fused.max_rows(amx_tiles=True, forms=bf16 | codec) == MAX_ROWS
+    # Tiles refused to this process (EDGEFIRE_AMX_TILES=0), or a build without them (another
+    # target's, EDGEFIRE_KERNEL_MARCH): dot products, beside torch's AMX, which outruns them
+    # past a few rows (codecs' rows decoded to BF16 on torch's path).
+    assert fused.max_rows(amx_tiles=False, forms=bf16) == MAX_ROWS_BESIDE_AMX
+    assert fused.max_rows(amx_tiles=False, forms=codec) == MAX_ROWS_BESIDE_AMX
     # INT8/INT4 go to torch's weight-only kernels, which use no tiles.
-    assert fused.max_rows("avx512bf16", amx_tiles=True, forms=integer) == MAX_ROWS
-    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=integer) == MAX_ROWS
+    assert fused.max_rows(amx_tiles=True, forms=integer) == MAX_ROWS
+    assert fused.max_rows(amx_tiles=False, forms=integer) == MAX_ROWS
     mixed = bf16 | integer
-    assert fused.max_rows("avx512bf16", amx_tiles=False, forms=mixed) == MAX_ROWS_BESIDE_AMX
+    assert fused.max_rows(amx_tiles=False, forms=mixed) == MAX_ROWS_BESIDE_AMX
     monkeypatch.setattr(fused, "has_amx", lambda: False)
-    assert fused.max_rows("avx512bf16", forms=codec) == MAX_ROWS
-    assert fused.max_rows("avx2") == MAX_ROWS
+    assert fused.max_rows(forms=codec) == MAX_ROWS
+    assert fused.max_rows(forms=bf16) == MAX_ROWS
 
 
 def test_form_kind_names_each_weight_form():
@@ -260,11 +262,14 @@ def test_prompt_chunks_take_the_fused_step_beside_decodes(kernel, form):
     if form != "bf16":
         model.make_resident(QUANTIZERS[form], form, Int8Linear.quantize)
     takes = model._fused_step().takes_prompts
-    if kernel.isa in ("avx2", "avx512"):
+    # On an AMX machine torch's path multiplies BF16 rows on tiles, so a build without them
+    # (EDGEFIRE_AMX_TILES=0, or another target's) leaves BF16 prompts to it (max_rows).
+    beside_amx = form == "bf16" and has_amx() and not kernel.amx
+    if kernel.isa in ("avx2", "avx512") and not beside_amx:
         assert takes  # the integer kernels; the panels, or the pairs widened
     elif not takes:
-        pytest.skip("prompt chunks take the fused step on AMX machines only where it has the "
-                    "tiles too")
+        pytest.skip("BF16 prompt chunks take the fused step on AMX machines only where it has "
+                    "the tiles too")
     g = torch.Generator().manual_seed(6)
     spans, slots, new_ids, new_positions = [], [], [], []
     row = meta.num_decode_tokens

@@ -55,8 +55,7 @@ def test_without_native_bfloat16_the_limit_is_the_fused_steps_rows(monkeypatch):
     from edgefire.models.fused import llama_decode
 
     monkeypatch.setattr(llama_decode, "has_amx", lambda: False)
-    for isa in ("avx2", "avx512"):
-        assert llama_decode.max_rows(isa, forms=frozenset({"bf16"})) == FUSED_BFLOAT16_MAX_TOKENS
+    assert llama_decode.max_rows(forms=frozenset({"bf16"})) == FUSED_BFLOAT16_MAX_TOKENS
 
 
 class _Model:

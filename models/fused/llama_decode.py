@@ -55,16 +55,15 @@ MAX_ROWS = 64
 MAX_ROWS_BESIDE_AMX = 16
 
 
-def max_rows(isa: str, amx_tiles: bool = False, forms: frozenset[str] = frozenset()) -> int:
+def max_rows(amx_tiles: bool = False, forms: frozenset[str] = frozenset()) -> int:
     """The most rows the fused step computes (batch-invariant: each row the same whatever
-    shares its step), for a kernel built for `isa` on this CPU that may (`amx_tiles`) use AMX
-    tiles, over weights of these forms (form_kind's names)."""
-    if isa == "avx2" or not has_amx():
+    shares its step), for a kernel on this CPU that may (`amx_tiles`) use AMX tiles, over
+    weights of these forms (form_kind's names). Whatever the kernel was built for: a build for
+    another target (EDGEFIRE_KERNEL_MARCH) on an AMX machine has torch's AMX GEMM beside it."""
+    if not has_amx():
         return MAX_ROWS
     beside_onednn = ("codec" in forms or "bf16" in forms) and not amx_tiles
-    if isa == "avx512bf16" and not beside_onednn:
-        return MAX_ROWS
-    return MAX_ROWS_BESIDE_AMX
+    return MAX_ROWS_BESIDE_AMX if beside_onednn else MAX_ROWS
 
 
 def form_kind(form: list[Any]) -> str:
@@ -85,7 +84,7 @@ class FusedLlamaDecode:
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta)
         self.kernel = kernel
         kinds = frozenset(form_kind(form) for per_layer in forms for form in per_layer)
-        self.max_rows = max_rows(kernel.isa, kernel.amx, kinds)
+        self.max_rows = max_rows(kernel.amx, kinds)
         self.lm_head = weight_form(weights.lm_head)
         embed = weight_form(weights.embed)
         # With AVX-512, BF16 weights are multiplied over a copy packed as pairs (gemm_packed.h:
