@@ -169,6 +169,42 @@ def run_concurrency(llm: LLM, prompts: list[list[int]], c: int, max_new: int, se
     return row
 
 
+def run_lockstep(llm: LLM, concurrency: list[int], prompt_len: int, max_new: int,
+                 seed: int) -> dict[str, dict]:
+    """Each concurrency as llama-batched-bench times its S_TG: `c` prompts of one length (the
+    length llama.cpp is given), submitted together, drafts off, decode tok/s over the steps in
+    which every sequence decodes (from the last first token to the first sequence's end).
+    The main workload's decode figure (summarize) spans a batch that thins out as requests of
+    other lengths finish; this one is each step at its full `c` rows."""
+    out = {}
+    speculator = llm.engine.speculator
+    mode, speculator.config.mode = speculator.config.mode, "off"
+    try:
+        for c in concurrency:
+            prompts = make_prompts(_encoder(llm), [prompt_len] * c, seed + 3 + c, f"lock{c}")
+            trace = drive(llm, prompts, max_new, f"lockstep-c{c}")
+            span, tok_s = full_batch_rate(list(trace.arrivals.values()))
+            out[str(c)] = {"prompt_tokens": prompt_len, "full_steps_s": round(span, 3),
+                           "decode_tok_s": tok_s}
+            log(f"edgefire lockstep C={c}: {out[str(c)]}")
+    finally:
+        speculator.config.mode = mode
+    return out
+
+
+def full_batch_rate(times: list[list[float]]) -> tuple[float, float | None]:
+    """Token arrival times per sequence -> (seconds, tok/s) over the span in which every
+    sequence decodes: after the last first token, up to the first sequence's last token."""
+    start, stop = max(t[0] for t in times), min(t[-1] for t in times)
+    tokens = sum(1 for t in times for x in t if start < x <= stop)
+    return max(stop - start, 0.0), rate(tokens, stop - start) if tokens else None
+
+
+def peer_prompt_length(workloads: dict[int, list[list[int]]]) -> int:
+    """The one prompt length llama-batched-bench takes: the workloads' mean."""
+    return round(float(np.mean([len(p) for ps in workloads.values() for p in ps])))
+
+
 def without_drafts(llm: LLM, prompts: list[list[int]], max_new: int) -> dict:
     """The same stream with speculative drafts off: plain decode speed, and what drafts add."""
     mode = llm.engine.speculator.config.mode
@@ -276,6 +312,10 @@ def main() -> None:
     ref_c = 32 if 32 in workloads else max(workloads)
     edgefire = {"engine_config": asdict(llm.engine.config),
                 "per_concurrency": run_edgefire(llm, workloads, args.max_new_tokens, args.seed)}
+    if spec.id == MODEL:  # beside the peers' S_TG, at their prompt length
+        edgefire["lockstep"] = run_lockstep(
+            llm, sorted({ref_c, 64} & set(workloads)), peer_prompt_length(workloads),
+            args.max_new_tokens, args.seed)
     edgefire["peak_rss_mib"] = peak_rss_mib()
     edgefire["weight_precision"] = getattr(llm.model, "weight_precision", None)
     edgefire["decode_flop_per_token"] = decode_flop_per_token(llm)
@@ -316,7 +356,7 @@ def llama_peer(args: argparse.Namespace, gguf: Path, workloads: dict) -> dict:
     if folder is None:
         return {"available": False,
                 "note": "llama.cpp tools not found; run bash ../shared/peers/build-llama-cpp"}
-    pp = round(float(np.mean([len(p) for ps in workloads.values() for p in ps])))
+    pp = peer_prompt_length(workloads)
     try:
         ggufs = ensure_variants(gguf, args.llama_variants)
         return run_llama(folder, ggufs, pp, args.max_new_tokens, list(workloads), args.threads,

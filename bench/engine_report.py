@@ -22,11 +22,15 @@ from bench._common import markdown_table, ratio
 # c64_decode_of_gemm_roofline is not a ratio against a peer: C=64's decode rate times the
 # model's matmul FLOPs per token, as a fraction of the BF16 GEMM throughput measured beside it.
 # Beside it (no target), c64_memory_floor_of_gemm_roofline: the most that fraction could be if
-# C=64's decode steps only had to read memory (_memory_floor_fraction).
+# C=64's decode steps only had to read memory (_memory_floor_fraction). C=64's decode rate spans
+# a batch that thins out as requests of other lengths finish; c64_lockstep_decode_of_gemm_roofline
+# takes the rate with every sequence decoding in every step (bench/engine.py's run_lockstep, the
+# shape of llama-batched-bench's S_TG), as does batch_decode_lockstep_vs_llama_cpp (no target)
+# at the reference concurrency against llama.cpp's S_TG.
 TARGETS = {"single_decode_vs_llama_cpp": 1.0, "single_decode_int8_vs_llama_cpp": 1.5,
            "single_decode_int4_vs_llama_cpp": 1.5, "batch_vs_llama_cpp": 2.0,
            "batch_decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 1.5,
-           "c64_decode_of_gemm_roofline": 0.5}
+           "c64_decode_of_gemm_roofline": 0.5, "c64_lockstep_decode_of_gemm_roofline": 0.5}
 EQUAL_PRECISION = {"int8": "q8_0", "int4": "q4_1"}
 
 
@@ -89,6 +93,9 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
                                _best(ll, "batched", ref, "output_tok_s")),
         "batch_decode_vs_llama_cpp": (_get(ef, ref, "decode_tok_s"),
                                       _best(ll, "batched", ref, "decode_tok_s")),
+        "batch_decode_lockstep_vs_llama_cpp": (
+            _get(result["edgefire"], "lockstep", ref, "decode_tok_s"),
+            _best(ll, "batched", ref, "decode_tok_s")),
         "prefill_vs_llama_cpp": (_get(ef, ref, "prefill_tok_s"),
                                  _best(ll, "batched", ref, "prefill_tok_s")),
         # edgefire with prefill against llama.cpp without: the strictest batched comparison
@@ -102,7 +109,10 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
     ratios |= {name: ratio(ours, theirs[0]) for name, (ours, theirs) in pairs.items()}
     ratios["batch_vs_hf"] = ratio(_get(ef, ref, "output_tok_s"),
                                   _get(hf, "per_concurrency", ref, "output_tok_s"))
-    ratios["c64_decode_of_gemm_roofline"] = _roofline_fraction(result)
+    ratios["c64_decode_of_gemm_roofline"] = _roofline_fraction(
+        result, _get(ef, "64", "decode_tok_s"))
+    ratios["c64_lockstep_decode_of_gemm_roofline"] = _roofline_fraction(
+        result, _get(result["edgefire"], "lockstep", "64", "decode_tok_s"))
     ratios["c64_memory_floor_of_gemm_roofline"] = _memory_floor_fraction(result)
     ratios["vs_llama_cpp"] = {name: {"edgefire": ours, "llama_cpp": theirs[0],
                                      "llama_cpp_variant": theirs[1]}
@@ -116,9 +126,10 @@ def compute_ratios(result: dict, ref_c: int) -> tuple[dict, dict]:
     return ratios, targets
 
 
-def _roofline_fraction(result: dict) -> float | None:
+def _roofline_fraction(result: dict, rate: float | None) -> float | None:
+    """A decode rate (tok/s) times the model's matmul FLOPs per token, as a fraction of the
+    GEMM roofline."""
     flop = result["edgefire"].get("decode_flop_per_token")
-    rate = _get(result["edgefire"]["per_concurrency"], "64", "decode_tok_s")
     peak = _get(result, "roofline", "gemm_tflop_s")
     if not (flop and rate and peak):
         return None
@@ -198,18 +209,23 @@ def render_markdown(result: dict) -> str:
                "chunked-local layers" if "real_model_local_bfloat16_per_sequence" in kv else "")
             + f". Roofline ({roof.get('threads')} threads): {roof.get('read_gb_s')} GB/s read, "
             f"{roof.get('gemm_tflop_s')} {roof.get('gemm_dtype')} GEMM TFLOP/s."
-            + _floor_sentence(result["ratios"])
+            + _floor_sentence(result["ratios"], result["edgefire"].get("lockstep"))
             + f"\n\n{table}\n{targets}" + (f"\n{variants}" if ll.get("variants") else "")
             + (f"\n{quantized}" if result["edgefire"].get("quantized") else ""))
 
 
-def _floor_sentence(ratios: dict) -> str:
+def _floor_sentence(ratios: dict, lockstep: dict | None) -> str:
     floor = ratios.get("c64_memory_floor_of_gemm_roofline")
     if floor is None:
         return ""
     return (f" C=64 decode: {ratios['c64_decode_of_gemm_roofline']} of the GEMM roofline; "
             f"reading only the weights and each sequence's K/V at the measured read rate, a "
-            f"step could reach at most {floor} of it.")
+            f"step could reach at most {floor} of it."
+            + "".join(f" C={c} in lockstep (one prompt length, every sequence decoding, as "
+                      f"llama-batched-bench's S_TG): {row['decode_tok_s']} tok/s"
+                      + (f", {ratios['c64_lockstep_decode_of_gemm_roofline']} of the roofline"
+                         if c == "64" else "") + "."
+                      for c, row in (lockstep or {}).items()))
 
 
 def _named(best: tuple[float | None, str | None]) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 
-from bench.engine import decode_flop_per_token
+from bench.engine import decode_flop_per_token, full_batch_rate
 from bench.engine_report import TARGETS, compute_ratios
 from bench.gguf_variants import SHIPPED, bf16_max_error, ensure_variants
 from bench.peers import best_of
@@ -199,6 +199,30 @@ def test_c64_decode_is_set_against_the_gemm_roofline() -> None:
     # Without a C=64 run (or a dense model's FLOPs), the target stays without a figure.
     del result["edgefire"]["per_concurrency"]["64"]
     assert compute_ratios(result, 32)[1]["c64_decode_of_gemm_roofline"]["ratio"] is None
+
+
+def test_lockstep_decode_is_set_against_the_roofline_and_llama_cpps_s_tg() -> None:
+    ef = {"64": {"decode_tok_s": 500.0}}
+    lockstep = {"32": {"decode_tok_s": 840.0}, "64": {"decode_tok_s": 1000.0}}
+    result = {"edgefire": {"per_concurrency": ef, "decode_flop_per_token": 268_959_744,
+                           "lockstep": lockstep},
+              "hf": {"available": False}, "llama_cpp": _llama(),
+              "roofline": {"gemm_tflop_s": 0.4}}
+    ratios, targets = compute_ratios(result, 32)
+    assert ratios["c64_decode_of_gemm_roofline"] == 0.336  # the thinning batch's rate
+    assert targets["c64_lockstep_decode_of_gemm_roofline"] == {
+        "target": 0.5, "ratio": 0.672, "met": True, "llama_cpp_variant": None}
+    assert ratios["batch_decode_lockstep_vs_llama_cpp"] == 2.0  # 840 vs q4_1's S_TG 420
+    assert "batch_decode_lockstep_vs_llama_cpp" not in targets
+    del result["edgefire"]["lockstep"]
+    assert compute_ratios(result, 32)[0]["c64_lockstep_decode_of_gemm_roofline"] is None
+
+
+def test_full_batch_rate_counts_only_the_steps_every_sequence_decodes() -> None:
+    # b starts last (t=2) and a ends first (t=5): tokens in (2, 5] are a's 3, 4, 5 and b's 3, 4.
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 6.0, 7.0]
+    assert full_batch_rate([a, b]) == (3.0, round(5 / 3.0, 2))
+    assert full_batch_rate([[1.0], [2.0]]) == (0.0, None)  # no step holds both
 
 
 def test_c64_memory_floor_reads_the_weights_and_each_sequences_kv_once() -> None:
