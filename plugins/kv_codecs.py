@@ -32,7 +32,7 @@ class BF16PlanesCodec:
         high = zlib.compress(planes[:, 1].tobytes(), 1)
         return b"".join((_LEN.pack(len(high)), high, planes[:, 0].tobytes()))
 
-    def decode(self, data: memoryview, layout: PageLayout) -> bytearray:
+    def decode(self, data: memoryview, layout: PageLayout) -> bytearray | memoryview:
         if layout.dtype.itemsize != 2:
             return IDENTITY.decode(data, layout)
         count = layout.num_bytes // 2

@@ -17,7 +17,7 @@ from edgefire.runtime.engine.remote_kv.page_format import PageFormatError, PageL
 
 log = logging.getLogger(__name__)
 
-Page = tuple[bytes, bytearray]  # (chain hash, payload)
+Page = tuple[bytes, bytearray | memoryview]  # (chain hash, payload: maybe a record's bytes)
 
 
 def gather(cache: torch.Tensor, ids: torch.Tensor) -> np.ndarray:
@@ -67,7 +67,7 @@ def install(blocks: BlockManager, cache: torch.Tensor, layout: PageLayout,
         block_id = blocks.adopt(block_hash)
         if block_id is None:
             continue
-        cache[:, :, :, block_id].copy_(_as_page(payload, layout))
+        _copy_page(cache[:, :, :, block_id], payload, layout)
         num_installed += 1
     return num_installed
 
@@ -88,7 +88,10 @@ def export(blocks: BlockManager, cache: torch.Tensor, layout: PageLayout,
             for i, h in enumerate(hashes[:len(ids)])]
 
 
-def _as_page(payload: bytearray, layout: PageLayout) -> torch.Tensor:
-    if layout.dtype.itemsize == 2:
-        return torch.frombuffer(payload, dtype=torch.int16).view(layout.dtype).view(layout.shape)
-    return torch.frombuffer(payload, dtype=layout.dtype).view(layout.shape)
+def _copy_page(slot: torch.Tensor, payload: bytearray | memoryview, layout: PageLayout) -> None:
+    """Copy a page's bytes into its block of the pool. Through numpy: a payload may be a
+    read-only view of a record, which numpy reads as it is and torch.frombuffer would not."""
+    if layout.dtype.itemsize == 2:  # numpy has no bfloat16: the bits travel as int16
+        slot = slot.view(torch.int16)
+    target = slot.numpy()
+    np.copyto(target, np.frombuffer(payload, dtype=target.dtype).reshape(layout.shape))
