@@ -64,6 +64,8 @@ bench: setup
 	$(PY) -m pip install -q 'zipnn>=0.5'
 	$(PY) -m bench.engine
 	$(PY) -m bench.kernels
+	# Decode attention's K/V read rate: pages from memory in three block orders, the L3, the L2.
+	$(PY) -m bench.decode_attention
 	$(PY) -m bench.startup
 	$(PY) -m bench.serve
 	$(PY) -m bench.gateway
