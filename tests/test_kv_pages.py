@@ -22,7 +22,8 @@ def test_accepted_records_install_bit_for_bit_from_their_own_bytes(dtype):
     accepted, num_refused = accept(layout, hashes, records)
     assert num_refused == 0
     # The identity codec hands on views of the (read-only) records, not copies of them.
-    assert [payload.obj for _, payload in accepted] == records
+    assert all(payload.obj is record for (_, payload), record in zip(accepted, records,
+                                                                     strict=True))
 
     target = torch.zeros(3, 2, 2, 8, 4, 16, dtype=dtype)
     blocks = BlockManager(num_blocks=8, block_size=4)
