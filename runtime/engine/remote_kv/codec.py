@@ -29,8 +29,9 @@ class IdentityKVCodec:
 
     def decode(self, data: memoryview, layout: PageLayout) -> memoryview:
         # The record's own bytes, not a copy: install copies them into the pool anyway, and a
-        # copy here made a lookup touch twice the memory (AMX Xeon VM: the bytes of a 1,488-
-        # token SmolLM2 prefix, 34 MB, freshly mapped took ~125 ms where warm ones take ~5).
+        # copy here made a lookup write 34 MB more for a 1,488-token SmolLM2 prefix (AMX Xeon
+        # VM: checking and copying its pages took 119-131 ms when the copies landed in newly
+        # mapped memory, 20 ms when not; without the copy, 15-16 ms).
         if len(data) != layout.num_bytes:
             raise ValueError(f"a page is {layout.num_bytes} bytes, not {len(data)}")
         return data

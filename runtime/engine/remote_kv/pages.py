@@ -90,7 +90,8 @@ def export(blocks: BlockManager, cache: torch.Tensor, layout: PageLayout,
 
 def _copy_page(slot: torch.Tensor, payload: bytearray | memoryview, layout: PageLayout) -> None:
     """Copy a page's bytes into its block of the pool. Through numpy: a payload may be a
-    read-only view of a record, which numpy reads as it is and torch.frombuffer would not."""
+    read-only view of a record, which numpy reads as it is, where torch.frombuffer warns that
+    its tensor could write to it."""
     if layout.dtype.itemsize == 2:  # numpy has no bfloat16: the bits travel as int16
         slot = slot.view(torch.int16)
     target = slot.numpy()
