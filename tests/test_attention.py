@@ -174,6 +174,39 @@ def test_native_prefill_kernel_matches_dense_causal(dtype, head_dim, group, chun
                                rtol=1e-2 if bf16 else 1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_prefill_chunks_in_one_call_match_each_alone(dtype, threads):
+    # A step's chunks share one call (the fused step's prompt attention): its tasks go to
+    # whichever thread is free, longest first, so which thread computes a chunk's rows depends
+    # on the chunks beside it; its output must not. Bit for bit, the same as each alone.
+    kernel = _prefill_kernel()
+    g = torch.Generator().manual_seed(11)
+    heads, kv_heads, head_dim, block, blocks = 6, 2, 64, 16, 40
+    cache = torch.randn(2, kv_heads, blocks, block, head_dim, generator=g).to(dtype)
+    chunks = [(70, 70), (5, 5), (33, 130), (1, 64), (200, 200)]  # (queries, context)
+    pages = torch.randperm(blocks, generator=g)
+    tables, at = [], 0
+    for _, context in chunks:
+        tables.append(pages[at:at + -(-context // block)])
+        at = (at + 3) % 20  # chunks' tables overlap: prompts sharing cached pages
+    qs = [torch.randn(n, heads, head_dim, generator=g) for n, _ in chunks]
+    contexts = [context for _, context in chunks]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = kernel.paged_prefill_chunks(qs, cache[0], cache[1], tables, contexts, 0.125)
+        alone = [kernel.paged_prefill(q, cache[0], cache[1], t, c, 0.125)
+                 for q, t, c in zip(qs, tables, contexts, strict=True)]
+    finally:
+        torch.set_num_threads(previous)
+    assert len(together) == len(chunks)
+    for got, expected in zip(together, alone, strict=True):
+        assert torch.equal(got, expected)
+    with pytest.raises(RuntimeError, match="a block table and a context length"):
+        kernel.paged_prefill_chunks(qs, cache[0], cache[1], tables[:2], contexts, 0.125)
+
+
 def test_native_prefill_kernel_rejects_bad_tables():
     kernel = _prefill_kernel()
     cache = torch.zeros(2, 1, 4, 16, 64)  # one KV head, 4 blocks of 16

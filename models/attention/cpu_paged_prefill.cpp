@@ -1,11 +1,13 @@
-// The attention extension's prefill entry point: paged_prefill.h's kernel, for
-// TorchPagedAttention.
+// The attention extension's prefill entry points: paged_prefill.h's kernel, for
+// TorchPagedAttention (a chunk a call) and tests (chunks in one call).
 #include <torch/extension.h>
 
 #include "paged_prefill.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill", &edgefire::attention::prefill::paged_prefill);
+  // A step's chunks in one call, as the fused step runs them.
+  m.def("paged_prefill_chunks", &edgefire::attention::prefill::paged_prefill_chunks);
 #if defined(EDGEFIRE_SIMD)
   m.attr("vectorized") = true;
   // A BF16 cache's Q·K and P·V in BF16 dot products (Q and P rounded to BF16), else float32.

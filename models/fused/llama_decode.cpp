@@ -26,6 +26,7 @@
 
 namespace {
 
+namespace prefill = edgefire::attention::prefill;
 using edgefire::fused::add_to;
 using edgefire::fused::bf16;
 using edgefire::fused::form_rows;
@@ -72,6 +73,7 @@ class LlamaDecode {
     TORCH_CHECK(hidden_ % edgefire::fused::kChunk == 0 && inter_ % edgefire::fused::kChunk == 0,
                 "hidden and intermediate sizes must be multiples of 32");
     TORCH_CHECK(head_dim % edgefire::attention::kLanes == 0, "head_dim: a multiple of 16");
+    TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "heads: a multiple of kv_heads");
     TORCH_CHECK(forms.size() == 4, "weights: qkv, o, gate_up, down");
     TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
                     cos.size(1) == head_dim && sin.sizes() == cos.sizes(),
@@ -160,6 +162,14 @@ class LlamaDecode {
     for (int64_t r = 0; r < m; ++r) embed_.row(id[r], h.data() + r * h_size);
     bf16* cache = kv_cache.data_ptr<bf16>();
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    // The prompt chunks' queries and outputs: each span's rows of q and attn.
+    std::vector<prefill::Span> spans;
+    for (int64_t i = 0, row = decodes; i < static_cast<int64_t>(span_tokens.size());
+         row += span_tokens[i++]) {
+      prefill::check_pages(span_tables[i], span_context[i], block_size, blocks);
+      spans.push_back({q.data() + row * q_size, attn.data() + row * q_size, span_tokens[i],
+                       span_context[i], span_tables[i].data_ptr<int64_t>()});
+    }
 
     for (int64_t l = 0; l < layers; ++l) {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
@@ -185,15 +195,9 @@ class LlamaDecode {
             q.data(), k_cache, v_cache, tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
             attn.data(), decodes, heads_, kv_heads_, blocks, block_size, hd, tables.size(1),
             scale);
-      for (int64_t i = 0, row = decodes; i < static_cast<int64_t>(span_tokens.size());
-           row += span_tokens[i++]) {
-        const auto layer_cache = kv_cache[l];
-        const auto span_q = torch::from_blob(q.data() + row * q_size,
-                                             {span_tokens[i], heads_, hd}, torch::kFloat32);
-        const auto o = edgefire::attention::prefill::paged_prefill(
-            span_q, layer_cache[0], layer_cache[1], span_tables[i], span_context[i], scale);
-        std::copy_n(o.data_ptr<float>(), span_tokens[i] * q_size, attn.data() + row * q_size);
-      }
+      if (!spans.empty())
+        prefill::prefill_spans(
+            spans, {k_cache, v_cache, true, kv_heads_, blocks, block_size, hd}, heads_, scale);
       to_bf16(attn.data(), m * q_size, x.data());
       o_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
       add_to(h.data(), proj.data(), m * h_size);
