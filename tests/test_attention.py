@@ -196,15 +196,44 @@ def test_native_prefill_chunks_in_one_call_match_each_alone(dtype, threads):
     torch.set_num_threads(threads)
     try:
         together = kernel.paged_prefill_chunks(qs, cache[0], cache[1], tables, contexts, 0.125)
+        # Past the tile budget a step's chunks go in groups (here of one to three chunks; one
+        # chunk alone past the budget in float32).
+        grouped = kernel.paged_prefill_chunks(qs, cache[0], cache[1], tables, contexts, 0.125,
+                                              tile_bytes=200 * kv_heads * head_dim * 8)
         alone = [kernel.paged_prefill(q, cache[0], cache[1], t, c, 0.125)
                  for q, t, c in zip(qs, tables, contexts, strict=True)]
     finally:
         torch.set_num_threads(previous)
-    assert len(together) == len(chunks)
-    for got, expected in zip(together, alone, strict=True):
+    assert len(together) == len(grouped) == len(chunks)
+    for got, in_groups, expected in zip(together, grouped, alone, strict=True):
         assert torch.equal(got, expected)
+        assert torch.equal(in_groups, expected)
     with pytest.raises(RuntimeError, match="a block table and a context length"):
         kernel.paged_prefill_chunks(qs, cache[0], cache[1], tables[:2], contexts, 0.125)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+def test_native_prefill_keeps_no_tiles_past_its_budget():
+    # 32 chunks over one cached 4,000-token prefix (prompts sharing a system prompt) lay out
+    # every chunk's key tiles: 94 MiB in BF16 at SmolLM2's 3 KV heads of 64, 188 in float32.
+    # In groups within the 16 MiB budget, neither the call nor what it keeps after grows so.
+    kernel = _prefill_kernel()
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, head_dim, block, context = 9, 3, 64, 16, 4016
+    blocks = -(-context // block)
+    cache = torch.randn(2, kv_heads, blocks, block, head_dim, generator=g).to(torch.bfloat16)
+    table = torch.arange(blocks)
+    qs = [torch.randn(16, heads, head_dim, generator=g) for _ in range(32)]
+    before = _rss_mib()
+    outs = kernel.paged_prefill_chunks(qs, cache[0], cache[1], [table] * 32, [context] * 32,
+                                       0.125)
+    assert _rss_mib() - before < 40
+    alone = kernel.paged_prefill(qs[7], cache[0], cache[1], table, context, 0.125)
+    assert torch.equal(outs[7], alone)
 
 
 def test_native_prefill_kernel_rejects_bad_tables():
