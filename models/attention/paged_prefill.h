@@ -59,8 +59,9 @@ inline void check_pages(const torch::Tensor& table, int64_t context_len, int64_t
 
 // A call's key tiles take 2 * kv_heads * head_dim values a key of context (K and V), for each
 // chunk whatever it shares with the others: 32 chunks over one cached 4,000-token prefix lay
-// out 94 MiB of SmolLM2's (3 KV heads of 64, BF16). A step's chunks are attended in groups whose tiles fit this many bytes,
-// and no more is kept between calls, so a step's buffer is not the size of all its contexts.
+// out 94 MiB of SmolLM2's (3 KV heads of 64, BF16). A step's chunks are attended in groups
+// whose tiles fit this many bytes, and no more is kept between calls, so a step's buffer is
+// not the size of all its contexts.
 inline constexpr int64_t kTileBytes = int64_t{16} << 20;
 
 #if defined(EDGEFIRE_SIMD)
