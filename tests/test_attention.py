@@ -3,6 +3,7 @@ attention."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 import torch.nn.functional as F
@@ -212,11 +213,6 @@ def test_native_prefill_chunks_in_one_call_match_each_alone(dtype, threads):
         kernel.paged_prefill_chunks(qs, cache[0], cache[1], tables[:2], contexts, 0.125)
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
 def test_native_prefill_keeps_no_tiles_past_its_budget():
     # 32 chunks over one cached 4,000-token prefix (prompts sharing a system prompt) lay out
     # every chunk's key tiles: 94 MiB in BF16 at SmolLM2's 3 KV heads of 64, 188 in float32.
@@ -228,10 +224,11 @@ def test_native_prefill_keeps_no_tiles_past_its_budget():
     cache = torch.randn(2, kv_heads, blocks, block, head_dim, generator=g).to(torch.bfloat16)
     table = torch.arange(blocks)
     qs = [torch.randn(16, heads, head_dim, generator=g) for _ in range(32)]
-    before = _rss_mib()
+    process = psutil.Process()
+    before = process.memory_info().rss / (1 << 20)
     outs = kernel.paged_prefill_chunks(qs, cache[0], cache[1], [table] * 32, [context] * 32,
                                        0.125)
-    assert _rss_mib() - before < 40
+    assert process.memory_info().rss / (1 << 20) - before < 40
     alone = kernel.paged_prefill(qs[7], cache[0], cache[1], table, context, 0.125)
     assert torch.equal(outs[7], alone)
 
