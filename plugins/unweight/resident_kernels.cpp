@@ -137,6 +137,80 @@ inline void tile(const uint16_t* w, const void* xk, int64_t k, float (*out)[MB])
   for (int i = 0; i < NB; ++i)
     for (int j = 0; j < MB; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr bool kVector = true;
+
+// 32 BF16 weights of row `row` from column `half` * 32, in natural order. A 16-entry palette
+// fits one in-lane byte shuffle, so the exponents are a single lookup per 32 weights.
+inline void decode_half(const Form& f, int64_t row, int half, uint16_t* out) {
+  const __m128i nib = _mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(f.packed + row * kRow / 2 + half * 16));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m128i first = _mm_and_si128(nib, low4);
+  const __m128i second = _mm_and_si128(_mm_srli_epi16(nib, 4), low4);
+  const __m256i idx = _mm256_setr_m128i(_mm_unpacklo_epi8(first, second),
+                                        _mm_unpackhi_epi8(first, second));
+  const __m256i e = _mm256_shuffle_epi8(
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.palette))),
+      idx);
+  const __m256i s = _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(f.sm + row * kRow + half * 32));
+  const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i rest = _mm256_set1_epi8(0x7F);
+  // High byte: sign | exponent >> 1; low byte: exponent << 7 | mantissa (the 16-bit shifts
+  // carry a neighbour byte's bit, which the masks drop).
+  const __m256i hi = _mm256_or_si256(_mm256_and_si256(s, sign),
+                                     _mm256_and_si256(_mm256_srli_epi16(e, 1), rest));
+  const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(e, 7), sign),
+                                     _mm256_and_si256(s, rest));
+  // The in-lane unpacks leave words 0-7 | 16-23 and 8-15 | 24-31; the lane swap restores order.
+  const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(a, b, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+inline void decode_bf16(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
+  if (is_verbatim(f, row)) {
+    std::memcpy(out, f.verbatim + (v++) * kRow, kRow * sizeof(uint16_t));
+    return;
+  }
+  decode_half(f, row, 0, out);
+  decode_half(f, row, 1, out + 32);
+}
+
+inline void decode_words(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
+  decode_bf16(f, row, v, out);
+}
+
+int source_column(int i) { return i; }
+
+inline float sum8(__m256 v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// out[m][n] for NB decoded rows and MB float32 rows of x, K steps of 8.
+template <int NB, int MB, bool kBf16>
+inline void tile(const uint16_t* w, const void* xk, int64_t k, float (*out)[MB]) {
+  static_assert(!kBf16, "AVX2 multiplies float32 x");
+  const float* x = static_cast<const float*>(xk);
+  __m256 acc[NB][MB];
+  for (int i = 0; i < NB; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < k; c += 8) {
+    __m256 wv[NB];
+    for (int i = 0; i < NB; ++i)
+      wv[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(w + i * k + c))), 16));
+    for (int j = 0; j < MB; ++j) {
+      const __m256 xv = _mm256_loadu_ps(x + j * k + c);
+      for (int i = 0; i < NB; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NB; ++i)
+    for (int j = 0; j < MB; ++j) out[i][j] = sum8(acc[i][j]);
+}
 #else
 constexpr bool kVector = false;
 
@@ -178,6 +252,13 @@ inline void tile(const uint16_t* w, const void* xk, int64_t k, float (*out)[MB])
 #endif
 
 constexpr int kNB = 4;  // output rows per tile: decoded once, multiplied by every x row
+// x rows per tile: its NB x MB accumulators and NB weight vectors stay in registers (32 with
+// AVX-512, 16 with AVX2).
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+constexpr int kMB = 4;
+#else
+constexpr int kMB = 2;
+#endif
 
 // x in kernel order, padded to whole tiles of mb rows: bf16 words for the dot-product
 // instruction, or fp32.
@@ -231,7 +312,7 @@ template <typename T, bool kBf16>
 void linear_impl(const torch::Tensor& x, const Form& f, int64_t n_out, torch::Tensor& out) {
   // One x row: a tile of one keeps the matvec free of padding work.
   if (x.size(0) == 1) linear_tiles<T, 1, kBf16>(x, f, n_out, out);
-  else linear_tiles<T, 4, kBf16>(x, f, n_out, out);
+  else linear_tiles<T, kMB, kBf16>(x, f, n_out, out);
 }
 
 }  // namespace
