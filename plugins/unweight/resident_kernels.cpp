@@ -137,7 +137,8 @@ inline void tile(const uint16_t* w, const void* xk, int64_t k, float (*out)[MB])
   for (int i = 0; i < NB; ++i)
     for (int j = 0; j < MB; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#else  // AVX2 or scalar: rows decoded in natural column order
+#if defined(__AVX2__) && defined(__FMA__)
 constexpr bool kVector = true;
 
 // 32 BF16 weights of row `row` from column `half` * 32, in natural order. A 16-entry palette
@@ -169,20 +170,10 @@ inline void decode_half(const Form& f, int64_t row, int half, uint16_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-inline void decode_bf16(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
-  if (is_verbatim(f, row)) {
-    std::memcpy(out, f.verbatim + (v++) * kRow, kRow * sizeof(uint16_t));
-    return;
-  }
+inline void decode_coded(const Form& f, int64_t row, uint16_t* out) {
   decode_half(f, row, 0, out);
   decode_half(f, row, 1, out + 32);
 }
-
-inline void decode_words(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
-  decode_bf16(f, row, v, out);
-}
-
-int source_column(int i) { return i; }
 
 inline float sum8(__m256 v) {
   const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -220,19 +211,9 @@ inline uint16_t scalar_bits(const Form& f, int64_t at) {
   return static_cast<uint16_t>(((s & 0x80) << 8) | (f.palette[idx] << 7) | (s & 0x7F));
 }
 
-inline void decode_bf16(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
-  if (is_verbatim(f, row)) {
-    std::memcpy(out, f.verbatim + (v++) * kRow, kRow * sizeof(uint16_t));
-    return;
-  }
+inline void decode_coded(const Form& f, int64_t row, uint16_t* out) {
   for (int64_t i = 0; i < kRow; ++i) out[i] = scalar_bits(f, row * kRow + i);
 }
-
-inline void decode_words(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
-  decode_bf16(f, row, v, out);
-}
-
-int source_column(int i) { return i; }
 
 template <int NB, int MB, bool kBf16>
 inline void tile(const uint16_t* w, const void* xk, int64_t k, float (*out)[MB]) {
@@ -249,6 +230,21 @@ inline void tile(const uint16_t* w, const void* xk, int64_t k, float (*out)[MB])
       out[i][j] = acc;
     }
 }
+#endif
+
+inline void decode_bf16(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
+  if (is_verbatim(f, row)) {
+    std::memcpy(out, f.verbatim + (v++) * kRow, kRow * sizeof(uint16_t));
+    return;
+  }
+  decode_coded(f, row, out);
+}
+
+inline void decode_words(const Form& f, int64_t row, int64_t& v, uint16_t* out) {
+  decode_bf16(f, row, v, out);
+}
+
+int source_column(int i) { return i; }
 #endif
 
 constexpr int kNB = 4;  // output rows per tile: decoded once, multiplied by every x row
