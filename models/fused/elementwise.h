@@ -1,6 +1,6 @@
-// The fused decode step's work between its matmuls: RMSNorm, SiLU(gate) * up, the residual
-// add and the rounding of a projection's input to BF16, vectorized and split between the
-// threads.
+// The fused decode step's work between its matmuls: RMSNorm (with the residual add before
+// it), SiLU(gate) * up and the rounding of a projection's input to BF16, vectorized and split
+// between the threads.
 //
 // Why: written as scalar loops on one thread they were a sixth of a 32-row step (AVX2, 2
 // cores: SiLU's scalar exp alone 10%), while the matmuls beside them use every core. Each
@@ -36,15 +36,21 @@ inline void each_vector(int64_t n, F fn) {
   });
 }
 
-// out = bf16(x / rms(x) * weight), per row of n (n % kWidth == 0).
-inline void rms_norm(const float* x, const c10::BFloat16* weight, int64_t rows, int64_t n,
-                     float eps, c10::BFloat16* out) {
+// out = bf16(x / rms(x) * weight), per row of n (n % kWidth == 0), after x += d where d is
+// given: the residual add in the norm's own pass over the row, as its first loop (one pass
+// and one split between the threads where there were two; the same values).
+inline void rms_norm(float* x, const c10::BFloat16* weight, int64_t rows, int64_t n, float eps,
+                     c10::BFloat16* out, const float* d = nullptr) {
   const auto* w = reinterpret_cast<const uint16_t*>(weight);
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * n;
+      float* xr = x + r * n;
       vf sq = vzero();
-      for (int64_t i = 0; i < n; i += kWidth) sq = vfmadd(vload(xr + i), vload(xr + i), sq);
+      for (int64_t i = 0; i < n; i += kWidth) {
+        const vf v = d ? vadd(vload(xr + i), vload(d + r * n + i)) : vload(xr + i);
+        if (d) vstore(xr + i, v);
+        sq = vfmadd(v, v, sq);
+      }
       const vf inv = vset1(1.f / std::sqrt(vsum(sq) / static_cast<float>(n) + eps));
       for (int64_t i = 0; i < n; i += kWidth)
         vstore_bf16(words(out + r * n + i), vmul(vmul(vload(xr + i), inv), vload_bf16(w + i)));
@@ -52,12 +58,16 @@ inline void rms_norm(const float* x, const c10::BFloat16* weight, int64_t rows, 
   });
 }
 
+// silu(g) * up of one vector: silu_mul's and the gate/up matmul's own (gemm_packed.h), one
+// expression so that either gives the same bits.
+inline vf swiglu(vf g, vf u) { return vmul(vmul(g, vsigmoid(g)), u); }
+
 // out[r] = bf16(silu(gate) * up) for rows of [gate | up], each `inter` wide (% kWidth == 0).
 inline void silu_mul(const float* gate_up, int64_t rows, int64_t inter, c10::BFloat16* out) {
   each_vector(rows * inter, [&](int64_t i) {
     const int64_t r = i / inter, c = i % inter;
     const vf g = vload(gate_up + r * 2 * inter + c), u = vload(gate_up + r * 2 * inter + inter + c);
-    vstore_bf16(words(out + i), vmul(vmul(g, vsigmoid(g)), u));
+    vstore_bf16(words(out + i), swiglu(g, u));
   });
 }
 
@@ -66,17 +76,16 @@ inline void to_bf16(const float* x, int64_t n, c10::BFloat16* out) {
   each_vector(n, [&](int64_t i) { vstore_bf16(words(out + i), vload(x + i)); });
 }
 
-// h += d over n values (n % kWidth == 0).
-inline void add_to(float* h, const float* d, int64_t n) {
-  each_vector(n, [&](int64_t i) { vstore(h + i, vadd(vload(h + i), vload(d + i))); });
-}
 #else
-inline void rms_norm(const float* x, const c10::BFloat16* weight, int64_t rows, int64_t n,
-                     float eps, c10::BFloat16* out) {
+inline void rms_norm(float* x, const c10::BFloat16* weight, int64_t rows, int64_t n, float eps,
+                     c10::BFloat16* out, const float* d = nullptr) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
+    float* xr = x + r * n;
     float sq = 0.f;
-    for (int64_t i = 0; i < n; ++i) sq += xr[i] * xr[i];
+    for (int64_t i = 0; i < n; ++i) {
+      if (d) xr[i] += d[r * n + i];
+      sq += xr[i] * xr[i];
+    }
     const float inv = 1.f / std::sqrt(sq / static_cast<float>(n) + eps);
     for (int64_t i = 0; i < n; ++i) out[r * n + i] = xr[i] * inv * static_cast<float>(weight[i]);
   }
@@ -92,10 +101,6 @@ inline void silu_mul(const float* gate_up, int64_t rows, int64_t inter, c10::BFl
 
 inline void to_bf16(const float* x, int64_t n, c10::BFloat16* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i];
-}
-
-inline void add_to(float* h, const float* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) h[i] += d[i];
 }
 #endif
 

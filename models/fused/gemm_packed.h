@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "elementwise.h"
 #include "gemm_amx.h"
 #include "gemv.h"
 
@@ -152,20 +153,26 @@ inline void over_packed_tiles(int64_t m, int64_t n, int64_t pairs, const char* p
   });
 }
 
+// x [m, k] BF16 bits as packed_tile reads it: as they are for BF16 dot products, else widened
+// to float32 once (into a buffer of the calling thread's, valid until its next call).
+inline const PackedX* packed_x(const uint16_t* x, int64_t m, int64_t k) {
+#if defined(__AVX512BF16__)
+  return x;
+#else
+  thread_local std::vector<float> widened;  // grows to the largest step's
+  widened.resize(m * k);
+  for (int64_t i = 0; i < m * k; i += simd::kWidth)
+    simd::vstore(widened.data() + i, simd::vload_bf16(x + i));
+  return widened.data();
+#endif
+}
+
 // x [m, k] BF16 bits, packed: [n / 64][k / 2][64][2] BF16 bits (pack_pairs in
 // llama_decode.py), out [m, n] float32.
 inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
                              int64_t n, float* out) {
   if (k % 32 == 0 && amx_usable()) return gemm_packed_amx(x, m, k, packed, n, out);
-#if defined(__AVX512BF16__)
-  const PackedX* xs = x;
-#else
-  thread_local std::vector<float> widened;  // x as float32: grows to the largest step's
-  widened.resize(m * k);
-  for (int64_t i = 0; i < m * k; i += simd::kWidth)
-    simd::vstore(widened.data() + i, simd::vload_bf16(x + i));
-  const PackedX* xs = widened.data();
-#endif
+  const PackedX* xs = packed_x(x, m, k);
   const int64_t pairs = k / 2;
   over_packed_tiles(m, n, pairs, reinterpret_cast<const char*>(packed), pairs * kPackedCols * 4,
                     kLinesPerPair,
@@ -175,12 +182,45 @@ inline void gemm_packed_bf16(const uint16_t* x, int64_t m, int64_t k, const uint
                                   pairs, out + r * n + b * kPackedCols, n, ahead, lines);
                     });
 }
+
+// The MLP's gate/up matmul with SiLU(gate) * up applied to each tile as it comes out: out
+// [m, n / 2] BF16 bits = bf16(silu(x @ gate^T) * (x @ up^T)), where gate is the packed
+// weight's first n / 2 columns and up the rest (n / 2 % 64 == 0). Each item multiplies a
+// block of gate's and the block of up's 64 columns against the same rows, into tiles on the
+// stack, and rounds their product (silu_mul's expression, `swiglu`). Why: as a matmul then
+// silu_mul, a 1,024-token prompt chunk's gate/up product (3,072 float32 columns a row, 12.6
+// MB) went to memory and back for a pass of its own, with a wait between the two on each
+// thread. Each value is the same as the two steps' (the same chains over K, the same rounding).
+inline void gemm_packed_swiglu(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
+                               int64_t n, uint16_t* out) {
+  const PackedX* xs = packed_x(x, m, k);
+  const int64_t pairs = k / 2, inter = n / 2, block_bytes = pairs * kPackedCols * 4;
+  const int64_t to_up = inter / kPackedCols * block_bytes;  // a gate block to its up block
+  over_packed_tiles(
+      m, inter, pairs, reinterpret_cast<const char*>(packed), block_bytes, kLinesPerPair,
+      [&](int64_t mr, int64_t r, int64_t b, const char* block, const char* ahead, int64_t lines) {
+        alignas(64) float gate[kPackedRows][kPackedCols], up[kPackedRows][kPackedCols];
+        packed_rows(mr, xs + r * k, k, reinterpret_cast<const uint16_t*>(block), pairs,
+                    gate[0], kPackedCols, ahead, lines);
+        packed_rows(mr, xs + r * k, k, reinterpret_cast<const uint16_t*>(block + to_up), pairs,
+                    up[0], kPackedCols, ahead + to_up, lines);
+        for (int64_t i = 0; i < mr; ++i)
+          for (int64_t c = 0; c < kPackedCols; c += simd::kWidth)
+            simd::vstore_bf16(out + (r + i) * inter + b * kPackedCols + c,
+                              swiglu(simd::vload(gate[i] + c), simd::vload(up[i] + c)));
+      });
+}
 #else
 constexpr bool kHasPacked = false;
 
 // Never reached: Proj::set_packed and linear_packed refuse pairs where kHasPacked is false.
 inline void gemm_packed_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
                              float*) {
+  TORCH_CHECK(false, "packed BF16 pairs need a build with AVX-512");
+}
+
+inline void gemm_packed_swiglu(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
+                               uint16_t*) {
   TORCH_CHECK(false, "packed BF16 pairs need a build with AVX-512");
 }
 #endif

@@ -27,13 +27,11 @@
 namespace {
 
 namespace prefill = edgefire::attention::prefill;
-using edgefire::fused::add_to;
 using edgefire::fused::bf16;
 using edgefire::fused::form_rows;
 using edgefire::fused::Proj;
 using edgefire::fused::projections;
 using edgefire::fused::rms_norm;
-using edgefire::fused::silu_mul;
 using edgefire::fused::to_bf16;
 
 // Rotate-half rotary embedding of one head in place (HF Llama's layout).
@@ -48,7 +46,7 @@ void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 
 struct StepBuffers {
   std::vector<float> h, proj, q, attn, xf, xsum;
-  std::vector<bf16> x;
+  std::vector<bf16> x, act;  // a projection's input; the MLP's SiLU(gate) * up
 };
 
 class LlamaDecode {
@@ -151,14 +149,15 @@ class LlamaDecode {
     thread_local StepBuffers buffers;
     std::vector<float> &h = buffers.h, &proj = buffers.proj, &q = buffers.q, &attn = buffers.attn,
         &xf = buffers.xf, &xsum = buffers.xsum;
-    std::vector<bf16>& x = buffers.x;
+    std::vector<bf16> &x = buffers.x, &act = buffers.act;
     const int64_t widest = std::max({h_size, inter_, q_size});
     for (auto [buffer, size] : {std::pair{&h, m * h_size},
                                 {&proj, m * std::max({qkv_size, 2 * inter_, h_size})},
                                 {&q, m * q_size}, {&attn, m * q_size}, {&xf, m * widest},
                                 {&xsum, m * widest}})
       if (static_cast<int64_t>(buffer->size()) < size) buffer->resize(size);
-    if (static_cast<int64_t>(x.size()) < m * widest) x.resize(m * widest);
+    for (auto [buffer, size] : {std::pair{&x, m * std::max(h_size, q_size)}, {&act, m * inter_}})
+      if (static_cast<int64_t>(buffer->size()) < size) buffer->resize(size);
     for (int64_t r = 0; r < m; ++r) embed_.row(id[r], h.data() + r * h_size);
     bf16* cache = kv_cache.data_ptr<bf16>();
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
@@ -171,10 +170,11 @@ class LlamaDecode {
                        span_context[i], span_tables[i].data_ptr<int64_t>()});
     }
 
+    auto out = torch::empty({m, h_size}, torch::kBFloat16);
+    rms_norm(h.data(), attn_norm_[0].data_ptr<bf16>(), m, h_size, eps_, x.data());
     for (int64_t l = 0; l < layers; ++l) {
       bf16* k_cache = cache + (2 * l) * kv_heads_ * head_stride;
       bf16* v_cache = cache + (2 * l + 1) * kv_heads_ * head_stride;
-      rms_norm(h.data(), attn_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
       qkv_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
       at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
@@ -200,15 +200,14 @@ class LlamaDecode {
             spans, {k_cache, v_cache, true, kv_heads_, blocks, block_size, hd}, heads_, scale);
       to_bf16(attn.data(), m * q_size, x.data());
       o_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
-      add_to(h.data(), proj.data(), m * h_size);
-      rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data());
-      gate_up_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
-      silu_mul(proj.data(), m, inter_, x.data());
-      down_[l].apply_step(x, m, decodes, xf, xsum, proj.data());
-      add_to(h.data(), proj.data(), m * h_size);
+      // Each residual add goes with the norm after it: the MLP's, the next layer's or the last.
+      rms_norm(h.data(), mlp_norm_[l].data_ptr<bf16>(), m, h_size, eps_, x.data(), proj.data());
+      gate_up_[l].apply_swiglu(x, m, decodes, xf, xsum, proj.data(), act.data());
+      down_[l].apply_step(act, m, decodes, xf, xsum, proj.data());
+      const bool last = l + 1 == layers;
+      rms_norm(h.data(), (last ? final_norm_ : attn_norm_[l + 1]).data_ptr<bf16>(), m, h_size,
+               eps_, last ? out.data_ptr<bf16>() : x.data(), proj.data());
     }
-    auto out = torch::empty({m, h_size}, torch::kBFloat16);
-    rms_norm(h.data(), final_norm_.data_ptr<bf16>(), m, h_size, eps_, out.data_ptr<bf16>());
     return out;
   }
 

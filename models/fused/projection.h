@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "elementwise.h"
 #include "gemm_decoded_amx.h"
 #include "gemm_packed.h"
 #include "gemm_panels.h"
@@ -118,6 +119,21 @@ struct Proj {
     if (decodes) apply(x, decodes, xf, xsum, out);
     gemm_panels_bf16(reinterpret_cast<const uint16_t*>(x.data()) + decodes * k, m - decodes, k,
                      bits(panels), n, out + decodes * n);
+  }
+
+  // A gate/up projection's step (w: gate's rows, then up's): out [m, n / 2] =
+  // bf16(silu(gate) * up). Over BF16 pairs multiplied by this build's own tiles, in one pass
+  // (gemm_packed_swiglu); else apply_step's matmul into gate_up [m, n] float32, then silu_mul.
+  // Either way the same values.
+  void apply_swiglu(const std::vector<bf16>& x, int64_t m, int64_t decodes,
+                    std::vector<float>& xf, std::vector<float>& xsum, float* gate_up,
+                    bf16* out) const {
+    const int64_t n = rows();
+    if (pairs.defined() && n / 2 % kPackedCols == 0 && !amx_usable())
+      return gemm_packed_swiglu(reinterpret_cast<const uint16_t*>(x.data()), m, w.size(1),
+                                bits(pairs), n, reinterpret_cast<uint16_t*>(out));
+    apply_step(x, m, decodes, xf, xsum, gate_up);
+    silu_mul(gate_up, m, n / 2, out);
   }
 
   // Each tile's four rows decoded once into a per-thread buffer, then multiplied as BF16.
