@@ -81,6 +81,7 @@ class LlamaDecode {
     gate_up_ = projections(forms[2], 2 * inter_, hidden_, "gate_up");
     down_ = projections(forms[3], hidden_, inter_, "down");
     const size_t layers = qkv_.size();
+    TORCH_CHECK(layers > 0, "at least one layer");  // forward norms layer 0's input first
     TORCH_CHECK(o_.size() == layers && gate_up_.size() == layers && down_.size() == layers &&
                     attn_norm_.size() == layers && mlp_norm_.size() == layers,
                 "one weight of each kind per layer");
