@@ -16,10 +16,27 @@ import torch.nn.functional as F
 
 from edgefire.models.precision import dense_precision
 
+
+def _gelu(approximate: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """GELU by ATen's own kernel, never oneDNN's.
+
+    torch hands a contiguous float32 GELU to oneDNN, which builds (JIT-compiles) and caches one
+    primitive per tensor shape, up to 1,024 of them. An encoder sees a new [batch, length] shape
+    with almost every request, so the node's memory grew by hundreds of MiB under embeddings
+    load (README, soak). ATen takes any input that is not contiguous, and is as fast here:
+    the transposed view of the same rows is such an input, and its result, laid out like the
+    input, transposes back without a copy.
+    """
+    def gelu(x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return F.gelu(rows.T, approximate=approximate).T.view(x.shape)
+    return gelu
+
+
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,  # HF's "gelu" is the exact erf form, not the tanh approximation
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": _gelu("none"),  # HF's "gelu" is the exact erf form, not the tanh approximation
+    "gelu_new": _gelu("tanh"),
+    "gelu_pytorch_tanh": _gelu("tanh"),
     "relu": F.relu,
 }
 

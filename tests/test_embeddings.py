@@ -93,6 +93,19 @@ def test_matches_transformers_reference(encoder):
     assert tokens == expected_tokens.item()
 
 
+def test_forwards_build_no_onednn_primitive_per_shape(encoder, capfd):
+    # oneDNN builds and caches a primitive per tensor shape (its GELU did, for every batch
+    # shape), which grew a node by hundreds of MiB under embeddings load; no step of the
+    # encoder may reach it.
+    capfd.readouterr()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        for count in (1, 2, 5):
+            encoder.embed(SENTENCES[:count])
+    executed = [line for line in capfd.readouterr().out.splitlines()
+                if line.startswith("onednn_verbose") and ",primitive,exec," in line]
+    assert executed == []
+
+
 def test_batch_equals_one_at_a_time(encoder):
     batched, batched_tokens = encoder.embed(SENTENCES)
     singles = [encoder.embed([text]) for text in SENTENCES]
