@@ -128,6 +128,17 @@ def test_chunk_parallel_decode_equals_sequential():
     assert torch.equal(_bits(decode_distribution(encoded, native=False)), expected)
 
 
+@pytest.mark.parametrize("chunk", [4096, 2048, 1408, 1024])
+def test_native_decode_takes_chunks_in_pairs_and_a_lone_last(chunk):
+    # 64 x 64 symbols: 1, 2, 3 (the last one short) and 4 chunks. The native decoder steps
+    # two chunks' streams together; an odd count leaves the last chunk to decode alone.
+    tensor = _weights(0.05, 64, 64, seed=5)
+    encoded = encode(tensor, chunk=chunk)
+    assert len(encoded.offsets) == {4096: 1, 2048: 2, 1408: 3, 1024: 4}[chunk]
+    for threads in (1, 2):
+        assert torch.equal(_bits(decode_distribution(encoded, threads=threads)), _bits(tensor))
+
+
 def test_serialised_form_parses_back_to_the_same_arrays():
     encoded = encode(_weights(0.02, 128, 96))
     parsed = from_bytes(to_bytes(encoded))

@@ -35,9 +35,41 @@ static std::vector<uint64_t> multi_table(const int32_t* single, int bits) {
   return multi;
 }
 
+// One chunk's bit stream being decoded: exponents go to exps[0, n), a lookup at a time.
+struct Lane {
+  const uint8_t* stream;
+  uint64_t pos, buf;
+  int avail;
+  int64_t k, n;
+  uint8_t* exps;
+
+  void start(const uint8_t* s, uint64_t bit, int64_t count, uint8_t* out) {
+    stream = s, pos = bit, k = 0, n = count, exps = out;
+    refill();
+  }
+  void refill() {
+    buf = load_be64(stream + (pos >> 3)) << (pos & 7);
+    avail = 64 - static_cast<int>(pos & 7);
+  }
+  // One table lookup: up to 4 exponents (exps needs 3 bytes of slack past n).
+  void step(const uint64_t* multi, int bits, int shift) {
+    if (avail < bits) refill();
+    const uint64_t m = multi[buf >> shift];
+    std::memcpy(exps + k, &m, 4);
+    const int len = static_cast<int>((m >> 36) & 0x3F);
+    k += static_cast<int64_t>((m >> 32) & 0xF);
+    buf <<= len;
+    avail -= len;
+    pos += len;
+  }
+};
+
 // table[window] = (code length << 16) | (palette exponent << 7), for every `bits`-bit window.
 // row_map[i] is the output row of the i-th coded (non-verbatim) row. Each chunk is decoded in
 // two passes: exponents into a scratch buffer, then whole rows composed (vectorisable).
+// A thread takes chunks two at a time and steps their bit streams in turn: each lookup waits
+// on the one before it in its stream (the shift by its codes' length), so one stream leaves
+// the core idle between lookups, and a second stream's lookups fill that wait.
 void decode(torch::Tensor stream, torch::Tensor offsets, torch::Tensor sign_mantissa,
             torch::Tensor table, torch::Tensor row_map, torch::Tensor out, int64_t count,
             int64_t chunk, int64_t row_width, int64_t bits, int64_t threads) {
@@ -48,35 +80,36 @@ void decode(torch::Tensor stream, torch::Tensor offsets, torch::Tensor sign_mant
   const int64_t* rows = row_map.data_ptr<int64_t>();
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<int16_t>());
   const int64_t chunks = offsets.size(0);
-  const int shift = 64 - static_cast<int>(bits);
+  const int b = static_cast<int>(bits), shift = 64 - b;
+  const uint64_t* mt = multi.data();
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<uint8_t> exps(chunk + 8);  // slack: a lookup may run past the chunk's end
+    std::vector<uint8_t> exps(2 * (chunk + 8));  // slack: a lookup may run past the chunk's end
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t first = c * chunk, n = std::min(chunk, count - first);
-      uint64_t pos = static_cast<uint64_t>(off[c]);
-      uint64_t buf = load_be64(s + (pos >> 3)) << (pos & 7);
-      int avail = 64 - static_cast<int>(pos & 7);
-      for (int64_t k = 0; k < n;) {
-        if (avail < bits) {
-          buf = load_be64(s + (pos >> 3)) << (pos & 7);
-          avail = 64 - static_cast<int>(pos & 7);
-        }
-        const uint64_t m = multi[buf >> shift];
-        std::memcpy(exps.data() + k, &m, 4);
-        const int len = static_cast<int>((m >> 36) & 0x3F);
-        k += static_cast<int64_t>((m >> 32) & 0xF);
-        buf <<= len;
-        avail -= len;
-        pos += len;
+    for (int64_t pair = 0; pair < (chunks + 1) / 2; ++pair) {
+      Lane lanes[2];
+      const int used = 2 * pair + 1 < chunks ? 2 : 1;
+      for (int i = 0; i < used; ++i) {
+        const int64_t c = 2 * pair + i;
+        lanes[i].start(s, static_cast<uint64_t>(off[c]), std::min(chunk, count - c * chunk),
+                       exps.data() + i * (chunk + 8));
       }
-      for (int64_t r = 0; r < n; r += row_width) {
-        uint16_t* dst = o + rows[(first + r) / row_width] * row_width;
-        const uint8_t* src = sm + first + r;
-        const uint8_t* e = exps.data() + r;
-        for (int64_t k = 0; k < row_width; ++k)
-          dst[k] = static_cast<uint16_t>((e[k] << 7) | ((src[k] & 0x80) << 8) | (src[k] & 0x7F));
+      if (used == 2)
+        while (lanes[0].k < lanes[0].n && lanes[1].k < lanes[1].n) {
+          lanes[0].step(mt, b, shift);
+          lanes[1].step(mt, b, shift);
+        }
+      for (int i = 0; i < used; ++i) {
+        Lane& lane = lanes[i];
+        while (lane.k < lane.n) lane.step(mt, b, shift);
+        const int64_t first = (2 * pair + i) * chunk;
+        for (int64_t r = 0; r < lane.n; r += row_width) {
+          uint16_t* dst = o + rows[(first + r) / row_width] * row_width;
+          const uint8_t* src = sm + first + r;
+          const uint8_t* e = lane.exps + r;
+          for (int64_t k = 0; k < row_width; ++k)
+            dst[k] = static_cast<uint16_t>((e[k] << 7) | ((src[k] & 0x80) << 8) | (src[k] & 0x7F));
+        }
       }
     }
   }
