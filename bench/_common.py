@@ -144,12 +144,16 @@ def stopwatch() -> Iterator[list[float]]:
         box[0] = time.perf_counter() - start
 
 
-def best_seconds(fn: Callable[[], object], repeats: int = 5, warmup: bool = False) -> float:
-    """The fastest of `repeats` timed calls of fn (after one untimed call with warmup)."""
+def best_seconds(fn: Callable[[], object], repeats: int = 5, warmup: bool = False,
+                 before: Callable[[], object] | None = None) -> float:
+    """The fastest of `repeats` timed calls of fn (after one untimed call with warmup);
+    `before`, if given, runs untimed before each timed call."""
     if warmup:
         fn()
     best = float("inf")
     for _ in range(repeats):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)
